@@ -1,0 +1,288 @@
+//! Credit-based flow control as a pure state machine.
+//!
+//! One credit is one receive buffer posted at the peer. The handshake tells
+//! each side how many buffers the other has posted: that is its initial
+//! window. Every frame consumes a credit; credits come back piggybacked on
+//! every outgoing frame, or in an explicit credit frame once half the window
+//! is owed.
+//!
+//! The last credit is reserved for credit frames: data may only be sent
+//! while at least two credits remain. So a side whose window is nearly empty
+//! can always still tell its peer about freed buffers, and two peers can
+//! never deadlock with both windows empty.
+//!
+//! Sending is **reserve then commit**: [`Credits::reserve`] takes a credit
+//! (or reports [`Blocked`]); [`Credits::commit`] stamps the frame's sequence
+//! number and piggybacked credits when it is actually written. A reservation
+//! that is never sent goes back with [`Credits::cancel`].
+//!
+//! The machine never reads a clock and never touches I/O.
+
+use crate::frame::{FrameKind, Header};
+
+/// The smallest window that can carry data: one credit reserved for credit
+/// frames, and a threshold of two so that credit frames never ping-pong.
+pub const MIN_WINDOW: u32 = 3;
+/// The largest window: credit counts travel in a `u16`.
+pub const MAX_WINDOW: u32 = u16::MAX as u32;
+
+/// No credit for a data frame is available: the peer has no free receive
+/// buffer for it. Try again once credits arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("blocked: no credit (the peer has no free receive buffer)")]
+pub struct Blocked;
+
+/// A credit taken by [`Credits::reserve`]. Hand it to [`Credits::commit`] when
+/// the frame is written, or to [`Credits::cancel`] if it never will be.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a reservation holds a credit; commit or cancel it"]
+pub struct Reservation(());
+
+/// What goes into the header of a frame about to be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    /// The frame's sequence number.
+    pub seq: u32,
+    /// Credits returned to the peer with this frame.
+    pub credits: u16,
+}
+
+impl Stamp {
+    /// The header for a frame of `kind` and `len` bytes with this stamp.
+    pub fn header(self, kind: FrameKind, len: u64) -> Header {
+        Header::new(kind, self.credits, self.seq, len)
+    }
+}
+
+/// The peer broke the credit protocol. The connection must be closed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CreditError {
+    /// A window outside `MIN_WINDOW..=MAX_WINDOW`.
+    #[error("credit window {0} out of range {MIN_WINDOW}..={MAX_WINDOW}")]
+    BadWindow(u32),
+    /// The peer sent a frame while it had no credit.
+    #[error("peer overran its credit window of {window} receive buffers")]
+    Overrun {
+        /// Our window.
+        window: u32,
+    },
+    /// The peer returned more credits than were ever taken.
+    #[error("peer returned {returned} credits but only {outstanding} were outstanding")]
+    Duplicated {
+        /// Credits in the frame.
+        returned: u16,
+        /// Credits we had taken and not yet got back.
+        outstanding: u32,
+    },
+    /// A frame arrived out of sequence: lost, duplicated or reordered.
+    #[error("frame out of sequence: expected {expected}, got {got}")]
+    Sequence {
+        /// The sequence number expected.
+        expected: u32,
+        /// The sequence number received.
+        got: u32,
+    },
+    /// The application released more buffers than were delivered.
+    #[error("released more receive buffers than were delivered")]
+    ReleaseUnderflow,
+}
+
+/// Counters, for stats and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CreditStats {
+    /// Data frames sent.
+    pub data_sent: u64,
+    /// Credit frames sent.
+    pub credit_frames_sent: u64,
+    /// Times [`Credits::reserve`] reported [`Blocked`].
+    pub blocked: u64,
+    /// Data frames received.
+    pub data_received: u64,
+}
+
+/// The credit state of one connection, both directions.
+#[derive(Debug, Clone)]
+pub struct Credits {
+    // Send direction: the peer's receive buffers.
+    peer_window: u32,
+    avail: u32,
+    next_tx_seq: u32,
+    // Receive direction: our receive buffers.
+    window: u32,
+    held: u32,
+    owed: u32,
+    threshold: u32,
+    /// A control frame (the peer's goodbye) arrived: return its credit even
+    /// below the threshold, since the peer may have spent its last credit on it.
+    forced: bool,
+    next_rx_seq: u32,
+    stats: CreditStats,
+}
+
+impl Credits {
+    /// A connection whose side has posted `local_window` receive buffers and
+    /// whose peer announced `peer_window` in the handshake.
+    pub fn new(local_window: u32, peer_window: u32) -> Result<Self, CreditError> {
+        for w in [local_window, peer_window] {
+            if !(MIN_WINDOW..=MAX_WINDOW).contains(&w) {
+                return Err(CreditError::BadWindow(w));
+            }
+        }
+        Ok(Self {
+            peer_window,
+            avail: peer_window,
+            next_tx_seq: 0,
+            window: local_window,
+            held: 0,
+            owed: 0,
+            threshold: local_window.div_ceil(2).max(2),
+            forced: false,
+            next_rx_seq: 0,
+            stats: CreditStats::default(),
+        })
+    }
+
+    /// Take a credit for one data frame, keeping the last one for credit frames.
+    pub fn reserve(&mut self) -> Result<Reservation, Blocked> {
+        if self.avail >= 2 {
+            self.avail -= 1;
+            Ok(Reservation(()))
+        } else {
+            self.stats.blocked += 1;
+            Err(Blocked)
+        }
+    }
+
+    /// Give back a reservation whose frame will never be sent.
+    pub fn cancel(&mut self, r: Reservation) {
+        let Reservation(()) = r;
+        self.avail += 1;
+    }
+
+    /// Stamp a reserved data frame as it is written: its sequence number and
+    /// every credit owed to the peer.
+    pub fn commit(&mut self, r: Reservation) -> Stamp {
+        let Reservation(()) = r;
+        self.stats.data_sent += 1;
+        self.stamp()
+    }
+
+    /// Whether an explicit credit frame should be sent now: half the window
+    /// (at least two buffers) is owed, or the peer said goodbye, and a credit
+    /// is available for it.
+    pub fn wants_credit_frame(&self) -> bool {
+        (self.owed >= self.threshold || (self.forced && self.owed > 0)) && self.avail >= 1
+    }
+
+    /// Take the credit for, and stamp, an explicit credit frame if one is
+    /// due. Call it when no data frame is about to carry the credits.
+    pub fn poll_credit_frame(&mut self) -> Option<Stamp> {
+        if !self.wants_credit_frame() {
+            return None;
+        }
+        self.avail -= 1;
+        self.stats.credit_frames_sent += 1;
+        Some(self.stamp())
+    }
+
+    /// Take a credit for a control frame (the goodbye), which may use the
+    /// reserved credit. `None` until a credit is available.
+    pub fn poll_control_frame(&mut self) -> Option<Stamp> {
+        if self.avail == 0 {
+            return None;
+        }
+        self.avail -= 1;
+        Some(self.stamp())
+    }
+
+    fn stamp(&mut self) -> Stamp {
+        let credits = self.owed.min(u32::from(u16::MAX));
+        self.owed -= credits;
+        self.forced = false;
+        let seq = self.next_tx_seq;
+        self.next_tx_seq = seq.wrapping_add(1);
+        Stamp { seq, credits: credits as u16 }
+    }
+
+    /// Account for a received frame: check its sequence number and window,
+    /// and take the credits it returns. A data or rendezvous frame is now
+    /// held by the application until [`Credits::release`]; the buffer of a
+    /// credit or control frame is reposted at once.
+    pub fn on_receive(&mut self, h: &Header) -> Result<(), CreditError> {
+        if h.seq != self.next_rx_seq {
+            return Err(CreditError::Sequence { expected: self.next_rx_seq, got: h.seq });
+        }
+        if self.held + self.owed >= self.window {
+            return Err(CreditError::Overrun { window: self.window });
+        }
+        let outstanding = self.peer_window - self.avail;
+        if u32::from(h.credits) > outstanding {
+            return Err(CreditError::Duplicated { returned: h.credits, outstanding });
+        }
+        self.next_rx_seq = self.next_rx_seq.wrapping_add(1);
+        self.avail += u32::from(h.credits);
+        if h.kind.holds_buffer() {
+            self.held += 1;
+            self.stats.data_received += 1;
+        } else {
+            self.owed += 1;
+            self.forced |= h.kind == FrameKind::Control;
+        }
+        Ok(())
+    }
+
+    /// The application released (or the backend reposted) one received data
+    /// buffer. Returns whether a credit frame is now due.
+    pub fn release(&mut self) -> Result<bool, CreditError> {
+        if self.held == 0 {
+            return Err(CreditError::ReleaseUnderflow);
+        }
+        self.held -= 1;
+        self.owed += 1;
+        Ok(self.wants_credit_frame())
+    }
+
+    /// Credits available for data frames (the reserved one excluded).
+    pub fn available(&self) -> u32 {
+        self.avail.saturating_sub(1)
+    }
+
+    /// Whether a data frame would be [`Blocked`] now.
+    pub fn is_blocked(&self) -> bool {
+        self.avail < 2
+    }
+
+    /// Frames sent whose buffer the peer has not yet returned.
+    pub fn outstanding(&self) -> u32 {
+        self.peer_window - self.avail
+    }
+
+    /// Received data frames the application still holds.
+    pub fn held(&self) -> u32 {
+        self.held
+    }
+
+    /// Reposted buffers not yet reported to the peer.
+    pub fn owed(&self) -> u32 {
+        self.owed
+    }
+
+    /// Our receive window.
+    pub fn window(&self) -> u32 {
+        self.window
+    }
+
+    /// The peer's receive window.
+    pub fn peer_window(&self) -> u32 {
+        self.peer_window
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> CreditStats {
+        self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,33 @@
+//! The sans-IO core of zerocast.
+//!
+//! It holds what every transport shares and can be tested without one:
+//!
+//! - [`frame`]: the 16-byte frame header and its strict decoder;
+//! - [`credit`]: credit-based flow control as a pure state machine
+//!   (reserve, commit, piggybacked returns, explicit credit frames);
+//! - [`handshake`]: the hello each side sends before data flows;
+//! - [`uri`]: endpoint URIs and the ordered transport fallback list;
+//! - [`transport`]: the traits backends implement;
+//! - [`error`]: errors shared by every transport; failed sends hand the buffer back.
+//!
+//! It does **not** open sockets, touch devices, spawn threads, allocate
+//! registered memory or read the clock. Time, when needed, is passed in.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod credit;
+pub mod error;
+pub mod frame;
+pub mod handshake;
+pub mod transport;
+pub mod uri;
+
+pub use config::{ConfigError, LinkConfig};
+pub use credit::{Blocked, CreditError, Credits, Reservation, Stamp};
+pub use error::{ConnError, ConnectError, RecvError, SendError};
+pub use frame::{FrameError, FrameKind, Header, HEADER_LEN};
+pub use handshake::{HandshakeError, Hello};
+pub use transport::{Caps, Connection, Datagram, Listener, Transport, TxBuffer};
+pub use uri::{Endpoint, Scheme, TransportList, UriError};

@@ -1,0 +1,132 @@
+//! The transport traits every backend implements.
+//!
+//! The data path is monomorphized: buffers are associated types and what a
+//! transport can do is a set of associated constants, so generic code can
+//! branch on `T::CAPS` at compile time. `dyn` appears only at the cold edge
+//! where a URI picks a backend (the facade's private flavor enum).
+
+use std::ops::{Deref, DerefMut};
+use std::time::Instant;
+
+use crate::error::{ConnectError, RecvError, SendError};
+use crate::uri::Endpoint;
+
+/// What a transport guarantees and offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// Messages are never lost while the connection is up.
+    pub reliable: bool,
+    /// Messages arrive in the order they were sent.
+    pub ordered: bool,
+    /// One send can reach a group of receivers.
+    pub multicast: bool,
+    /// RDMA READ/WRITE into exposed remote memory.
+    pub one_sided: bool,
+}
+
+impl Caps {
+    /// A reliable, ordered stream with no multicast or one-sided access.
+    pub const STREAM: Caps = Caps { reliable: true, ordered: true, multicast: false, one_sided: false };
+    /// Best-effort datagrams that may join multicast groups.
+    pub const DATAGRAM: Caps =
+        Caps { reliable: false, ordered: false, multicast: true, one_sided: false };
+}
+
+/// A buffer that a send takes by value. It stays out of the pool until the
+/// transport reports the send complete.
+pub trait TxBuffer: DerefMut<Target = [u8]> + Send + 'static {
+    /// Bytes the buffer can hold.
+    fn capacity(&self) -> usize;
+    /// Set the message length (at most [`TxBuffer::capacity`]).
+    fn set_len(&mut self, len: usize);
+    /// The whole buffer, for writing in place before [`TxBuffer::set_len`].
+    fn spare_capacity(&mut self) -> &mut [u8];
+}
+
+/// A reliable (or at least connected) two-party connection.
+///
+/// Every method takes `&self`: one thread may send while another receives.
+/// Deadlines are passed in; `None` waits forever.
+pub trait Connection: Send + Sync + 'static {
+    /// What this transport guarantees.
+    const CAPS: Caps;
+    /// A pooled send buffer.
+    type TxBuf: TxBuffer;
+    /// A received message. Dropping it reposts the buffer and returns a
+    /// credit to the peer.
+    type RxBuf: Deref<Target = [u8]> + Send + 'static;
+    /// Why a buffer could not be had.
+    type AllocError: std::error::Error + Send + Sync + 'static;
+
+    /// A send buffer for a message of `len` bytes (its length is set to `len`).
+    fn alloc(&self, len: usize, deadline: Option<Instant>) -> Result<Self::TxBuf, Self::AllocError>;
+    /// Send a buffer, waiting for credit until `deadline`.
+    fn send(&self, buf: Self::TxBuf, deadline: Option<Instant>) -> Result<(), SendError<Self::TxBuf>>;
+    /// Send a buffer if credit is available now.
+    fn try_send(&self, buf: Self::TxBuf) -> Result<(), SendError<Self::TxBuf>>;
+    /// Receive a message, waiting until `deadline`.
+    fn recv(&self, deadline: Option<Instant>) -> Result<Self::RxBuf, RecvError>;
+    /// Receive a message if one is buffered.
+    fn try_recv(&self) -> Result<Self::RxBuf, RecvError>;
+    /// Largest message this connection can send in one buffer.
+    fn max_message(&self) -> usize;
+    /// Close the sending side: queued messages are still delivered, then the
+    /// peer sees a disconnect. Receiving goes on until the peer closes too.
+    fn close(&self);
+    /// The peer's endpoint, for logs.
+    fn peer(&self) -> &Endpoint;
+}
+
+/// Accepts connections.
+pub trait Listener: Send + 'static {
+    /// The connections it yields.
+    type Conn: Connection;
+    /// Wait for the next connection. A failed handshake with one peer is
+    /// reported and does not close the listener.
+    fn accept(&self) -> Result<Self::Conn, ConnectError>;
+    /// Where peers can connect (with the bound port when 0 was asked for).
+    fn local_endpoint(&self) -> &Endpoint;
+}
+
+/// A connection-oriented transport: listen and connect.
+pub trait Transport: Send + Sync + 'static {
+    /// Its connections.
+    type Conn: Connection;
+    /// Its listener.
+    type Listener: Listener<Conn = Self::Conn>;
+    /// Listen at `ep`.
+    fn listen(&self, ep: &Endpoint) -> Result<Self::Listener, ConnectError>;
+    /// Connect to `ep`.
+    fn connect(&self, ep: &Endpoint) -> Result<Self::Conn, ConnectError>;
+}
+
+/// An unreliable datagram endpoint that may join multicast groups.
+pub trait Datagram: Send + Sync + 'static {
+    /// What this transport guarantees.
+    const CAPS: Caps;
+    /// A pooled send buffer.
+    type TxBuf: TxBuffer;
+    /// A received datagram.
+    type RxBuf: Deref<Target = [u8]> + Send + 'static;
+    /// A peer or group address.
+    type Addr: Clone + Send + Sync + std::fmt::Debug + 'static;
+    /// Why a buffer could not be had.
+    type AllocError: std::error::Error + Send + Sync + 'static;
+    /// Why a datagram operation failed.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// A send buffer of `len` bytes.
+    fn alloc(&self, len: usize, deadline: Option<Instant>) -> Result<Self::TxBuf, Self::AllocError>;
+    /// Send one datagram; the buffer comes back on error.
+    fn send_to(&self, buf: Self::TxBuf, to: &Self::Addr) -> Result<(), (Self::TxBuf, Self::Error)>;
+    /// Receive one datagram and its source.
+    fn recv_from(&self, deadline: Option<Instant>) -> Result<(Self::RxBuf, Self::Addr), RecvError>;
+    /// Join a multicast group.
+    fn join(&self, group: &Self::Addr) -> Result<(), Self::Error>;
+    /// Leave a multicast group.
+    fn leave(&self, group: &Self::Addr) -> Result<(), Self::Error>;
+    /// Largest datagram payload.
+    fn max_datagram(&self) -> usize;
+    /// The local address.
+    fn local_addr(&self) -> Self::Addr;
+}

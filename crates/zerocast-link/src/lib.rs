@@ -1,0 +1,77 @@
+//! The connection engine every reliable backend shares.
+//!
+//! A backend (TCP, in-process, RDMA RC) moves bytes; this crate does
+//! everything else a connection needs, once, for all of them:
+//!
+//! - the application side, [`Link`]: take a pooled buffer, send it (waiting
+//!   for credit with a deadline), receive delivered buffers, close;
+//! - the backend side, [`Driver`]: hand the writer batches of stamped frames,
+//!   take frames from the reader, report end of stream or failure;
+//! - received messages as [`RecvBuf`] handles that return their credit (or
+//!   hand the buffer back for reposting) when dropped.
+//!
+//! Credits themselves are the sans-IO [`zerocast_core::Credits`] machine; this
+//! crate only puts it behind a mutex and wakes the right thread.
+//!
+//! It does **not** open sockets or devices, and it spawns no threads: the
+//! backend owns its I/O threads and drives the [`Driver`] from them.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod conn;
+mod driver;
+mod link;
+mod recv;
+mod shared;
+
+pub use conn::{Connection, Flavor};
+pub use driver::{Driver, Frame};
+pub use link::{Link, LinkStats};
+pub use recv::RecvBuf;
+
+use std::sync::Arc;
+
+use zerocast_core::{ConnError, Credits, Endpoint, Hello, LinkConfig};
+use zerocast_mem::{Buf, Pool};
+
+/// Everything needed to create a connection after its handshake.
+#[derive(Debug, Clone)]
+pub struct LinkSetup {
+    /// This side's settings (its `recv_window` was announced to the peer).
+    pub config: LinkConfig,
+    /// What the peer announced.
+    pub peer_hello: Hello,
+    /// The pool send buffers come from.
+    pub pool: Pool,
+    /// The peer, for logs and errors.
+    pub peer: Endpoint,
+    /// Received buffers go back to the backend for reposting (RDMA) instead
+    /// of to the pool (stream transports).
+    pub repost: bool,
+}
+
+/// Create the two halves of a connection.
+///
+/// When `setup.repost` is set, the returned receiver yields every released
+/// receive buffer; the backend reposts it and then calls
+/// [`Driver::on_reposted`], which is what returns the credit.
+pub fn new(
+    setup: LinkSetup,
+) -> Result<(Link, Driver, Option<crossbeam_channel::Receiver<Buf>>), ConnError> {
+    let credits = Credits::new(setup.config.recv_window, setup.peer_hello.window)?;
+    let max_message = setup.config.max_payload.min(setup.peer_hello.max_payload) as usize;
+    let (shared, outgoing, reposts) = shared::Shared::new(setup, credits, max_message);
+    let shared = Arc::new(shared);
+    Ok((Link::new(shared.clone()), Driver::new(shared, outgoing), reposts))
+}
+
+/// The hello this side sends for `config`, with receive buffers of `buf_size`.
+pub fn hello_for(config: &LinkConfig, buf_size: usize) -> Hello {
+    Hello {
+        window: config.recv_window,
+        max_payload: config.max_payload,
+        recv_buf_size: u32::try_from(buf_size).unwrap_or(u32::MAX),
+        flags: 0,
+    }
+}

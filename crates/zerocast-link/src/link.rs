@@ -1,0 +1,222 @@
+//! The application's side of a connection.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_channel::{RecvTimeoutError, TryRecvError, TrySendError};
+use zerocast_core::credit::CreditStats;
+use zerocast_core::{ConnError, Endpoint, RecvError, SendError};
+use zerocast_mem::{Buf, Pool, PoolError, Wait};
+
+use crate::recv::RecvBuf;
+use crate::shared::{Delivery, Outgoing, Shared};
+
+/// The application's handle to one connection. Cheap to clone; every clone
+/// may send and receive from its own thread.
+///
+/// Dropping handles does not close anything: call [`Link::close`] (the
+/// facade's `Sender` does so on drop) and [`Link::close_receiver`].
+#[derive(Debug, Clone)]
+pub struct Link {
+    shared: Arc<Shared>,
+}
+
+/// A snapshot of a connection's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Credit machine counters.
+    pub credits: CreditStats,
+    /// Credits available for data now.
+    pub available: u32,
+    /// Frames sent and not yet returned by the peer.
+    pub outstanding: u32,
+    /// Received messages the application holds.
+    pub held: u32,
+    /// Messages delivered and not yet taken by `recv`.
+    pub queued: usize,
+}
+
+impl Link {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    /// A send buffer for `len` bytes from the connection's pool.
+    pub fn alloc(&self, len: usize, deadline: Option<Instant>) -> Result<Buf, PoolError> {
+        if len > self.shared.max_message {
+            return Err(PoolError::TooLarge { requested: len, max: self.shared.max_message });
+        }
+        let wait = match deadline {
+            None => Wait::Forever,
+            Some(d) => Wait::For(d.saturating_duration_since(Instant::now())),
+        };
+        self.shared.pool.alloc(len, wait)
+    }
+
+    /// The pool this connection's buffers come from.
+    pub fn pool(&self) -> &Pool {
+        &self.shared.pool
+    }
+
+    /// Largest message this connection can carry.
+    pub fn max_message(&self) -> usize {
+        self.shared.max_message
+    }
+
+    /// The peer's endpoint.
+    pub fn peer(&self) -> &Endpoint {
+        &self.shared.peer
+    }
+
+    /// Send `buf`, waiting for credit until `deadline` (`None`: forever).
+    pub fn send(&self, buf: Buf, deadline: Option<Instant>) -> Result<(), SendError<Buf>> {
+        self.send_inner(buf, Some(deadline))
+    }
+
+    /// Send `buf` if credit is available now; [`SendError::Full`] otherwise.
+    pub fn try_send(&self, buf: Buf) -> Result<(), SendError<Buf>> {
+        self.send_inner(buf, None)
+    }
+
+    /// `wait`: `None` for try_send, `Some(deadline)` to block.
+    fn send_inner(&self, buf: Buf, wait: Option<Option<Instant>>) -> Result<(), SendError<Buf>> {
+        if buf.len() > self.shared.max_message {
+            let max = self.shared.max_message as u64;
+            let err = ConnError::TooLarge { len: buf.len() as u64, max };
+            return Err(SendError::Failed(buf, err));
+        }
+        let mut st = self.shared.lock();
+        let reservation = loop {
+            if let Some(e) = &st.failed {
+                return Err(SendError::Failed(buf, e.clone()));
+            }
+            if st.local_closed {
+                return Err(SendError::Disconnected(buf));
+            }
+            match st.credits.reserve() {
+                Ok(r) => break r,
+                Err(_) => match wait {
+                    None => return Err(SendError::Full(buf)),
+                    Some(None) => {
+                        st = self.shared.credit_cv.wait(st).unwrap_or_else(|p| p.into_inner());
+                    }
+                    Some(Some(deadline)) => {
+                        let now = Instant::now();
+                        if now >= deadline {
+                            return Err(SendError::Timeout(buf));
+                        }
+                        st = self
+                            .shared
+                            .credit_cv
+                            .wait_timeout(st, deadline - now)
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0;
+                    }
+                },
+            }
+        };
+        match self.shared.tx.try_send(Outgoing::Data(buf, reservation)) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(Outgoing::Data(buf, r)))
+            | Err(TrySendError::Disconnected(Outgoing::Data(buf, r))) => {
+                // The writer is gone (or, impossibly, its queue is full):
+                // give the credit back and the buffer to the caller.
+                st.credits.cancel(r);
+                match &st.failed {
+                    Some(e) => Err(SendError::Failed(buf, e.clone())),
+                    None => Err(SendError::Disconnected(buf)),
+                }
+            }
+            Err(_) => unreachable!("only Data is sent here"),
+        }
+    }
+
+    /// Receive the next message, waiting until `deadline` (`None`: forever).
+    ///
+    /// After the peer closes, every buffered message is received first, then
+    /// [`RecvError::Disconnected`] (or [`RecvError::Failed`] if the
+    /// connection broke).
+    pub fn recv(&self, deadline: Option<Instant>) -> Result<RecvBuf, RecvError> {
+        let d = match deadline {
+            None => self.shared.delivered_rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(dl) => self.shared.delivered_rx.recv_deadline(dl),
+        };
+        match d {
+            Ok(d) => self.deliver(d),
+            Err(RecvTimeoutError::Timeout) => Err(RecvError::Timeout),
+            Err(RecvTimeoutError::Disconnected) => Err(RecvError::Disconnected),
+        }
+    }
+
+    /// Receive a message if one is buffered.
+    pub fn try_recv(&self) -> Result<RecvBuf, RecvError> {
+        match self.shared.delivered_rx.try_recv() {
+            Ok(d) => self.deliver(d),
+            Err(TryRecvError::Empty) => Err(RecvError::Empty),
+            Err(TryRecvError::Disconnected) => Err(RecvError::Disconnected),
+        }
+    }
+
+    fn deliver(&self, d: Delivery) -> Result<RecvBuf, RecvError> {
+        match d {
+            Delivery::Msg(buf) => Ok(RecvBuf::new(buf, self.shared.clone())),
+            Delivery::End => {
+                // Put it back for any other receiver, then report why.
+                let _ = self.shared.delivered_tx.try_send(Delivery::End);
+                match &self.shared.lock().failed {
+                    Some(e) => Err(RecvError::Failed(e.clone())),
+                    None => Err(RecvError::Disconnected),
+                }
+            }
+        }
+    }
+
+    /// Close the sending side. Messages already sent are still delivered;
+    /// then the peer's receivers see a disconnect. Receiving goes on.
+    pub fn close(&self) {
+        let mut st = self.shared.lock();
+        if !st.local_closed {
+            st.local_closed = true;
+            self.shared.credit_cv.notify_all();
+            self.shared.wake_writer(&mut st);
+        }
+    }
+
+    /// The application will receive no more: messages still queued, and any
+    /// that arrive later, are released at once so the peer keeps its credit.
+    pub fn close_receiver(&self) {
+        self.shared.lock().receiver_gone = true;
+        while let Ok(d) = self.shared.delivered_rx.try_recv() {
+            match d {
+                Delivery::Msg(buf) => drop(RecvBuf::new(buf, self.shared.clone())),
+                Delivery::End => {
+                    let _ = self.shared.delivered_tx.try_send(Delivery::End);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Whether the connection is still open for sending.
+    pub fn is_open(&self) -> bool {
+        let st = self.shared.lock();
+        !st.local_closed && st.failed.is_none()
+    }
+
+    /// Why the connection failed, if it did.
+    pub fn error(&self) -> Option<ConnError> {
+        self.shared.lock().failed.clone()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> LinkStats {
+        let st = self.shared.lock();
+        LinkStats {
+            credits: st.credits.stats(),
+            available: st.credits.available(),
+            outstanding: st.credits.outstanding(),
+            held: st.credits.held(),
+            queued: self.shared.delivered_rx.len(),
+        }
+    }
+}

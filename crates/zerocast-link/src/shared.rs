@@ -1,0 +1,137 @@
+//! State shared by the application handles and the backend's threads.
+
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use zerocast_core::{ConnError, Credits, Endpoint};
+use zerocast_mem::{Buf, Pool};
+
+use crate::LinkSetup;
+
+/// A work item for the backend's writer.
+#[derive(Debug)]
+pub(crate) enum Outgoing {
+    /// A data frame whose credit is already reserved.
+    Data(Buf, zerocast_core::Reservation),
+    /// Credits are owed or state changed: look again.
+    Wake,
+}
+
+/// A delivery to the application.
+#[derive(Debug)]
+pub(crate) enum Delivery {
+    Msg(Buf),
+    /// No more messages will come. Re-queued by whoever takes it, so every
+    /// receiver sees it.
+    End,
+}
+
+#[derive(Debug)]
+pub(crate) struct State {
+    pub(crate) credits: Credits,
+    /// The application closed its sending side; a goodbye is due or sent.
+    pub(crate) local_closed: bool,
+    pub(crate) goodbye_sent: bool,
+    /// The application will not receive any more: release arrivals at once.
+    pub(crate) receiver_gone: bool,
+    /// The peer said goodbye, or its stream ended.
+    pub(crate) peer_closed: bool,
+    /// The connection failed.
+    pub(crate) failed: Option<ConnError>,
+    /// A `Wake` is queued for the writer.
+    pub(crate) wake_queued: bool,
+    /// `End` was delivered to the application.
+    pub(crate) ended: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) state: Mutex<State>,
+    /// Senders waiting for credit (or for the writer queue to drain).
+    pub(crate) credit_cv: Condvar,
+    pub(crate) tx: Sender<Outgoing>,
+    pub(crate) delivered_tx: Sender<Delivery>,
+    pub(crate) delivered_rx: Receiver<Delivery>,
+    pub(crate) reposts: Option<Sender<Buf>>,
+    pub(crate) pool: Pool,
+    pub(crate) peer: Endpoint,
+    pub(crate) max_message: usize,
+    pub(crate) max_batch: usize,
+    pub(crate) max_payload: u64,
+}
+
+impl Shared {
+    pub(crate) fn new(
+        setup: LinkSetup,
+        credits: Credits,
+        max_message: usize,
+    ) -> (Shared, Receiver<Outgoing>, Option<Receiver<Buf>>) {
+        // Data items are bounded by reserved credits (at most the peer's
+        // window); one Wake at a time; one End. So `try_send` never finds
+        // these channels full.
+        let (tx, rx) = bounded(setup.peer_hello.window as usize + 2);
+        let (delivered_tx, delivered_rx) = bounded(setup.config.recv_window as usize + 1);
+        let (reposts, reposts_rx) = if setup.repost {
+            let (t, r) = bounded(setup.config.recv_window as usize);
+            (Some(t), Some(r))
+        } else {
+            (None, None)
+        };
+        let state = State {
+            credits,
+            local_closed: false,
+            goodbye_sent: false,
+            receiver_gone: false,
+            peer_closed: false,
+            failed: None,
+            wake_queued: false,
+            ended: false,
+        };
+        let shared = Shared {
+            state: Mutex::new(state),
+            credit_cv: Condvar::new(),
+            tx,
+            delivered_tx,
+            delivered_rx,
+            reposts,
+            pool: setup.pool,
+            peer: setup.peer,
+            max_message,
+            max_batch: setup.config.max_batch,
+            max_payload: setup.config.max_payload,
+        };
+        (shared, rx, reposts_rx)
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock leaves counters that are still
+        // consistent (every update is a single step), so poisoning is ignored.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queue a wake-up for the writer unless one is already queued.
+    pub(crate) fn wake_writer(&self, st: &mut State) {
+        if !st.wake_queued {
+            st.wake_queued = true;
+            let _ = self.tx.try_send(Outgoing::Wake);
+        }
+    }
+
+    /// One received buffer was released (or reposted): return its credit.
+    pub(crate) fn release_one(&self) {
+        let mut st = self.lock();
+        if st.credits.release().unwrap_or(false) {
+            self.wake_writer(&mut st);
+        }
+    }
+
+    /// Mark the stream ended for the application and wake everyone.
+    pub(crate) fn end(&self, st: &mut State) {
+        if !st.ended {
+            st.ended = true;
+            let _ = self.delivered_tx.try_send(Delivery::End);
+        }
+        self.credit_cv.notify_all();
+        self.wake_writer(st);
+    }
+}

@@ -1,0 +1,275 @@
+//! `tcp://`: reliable, ordered connections over TCP.
+
+mod handshake;
+mod reader;
+mod writer;
+
+use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use zerocast_core::{Caps, ConnectError, Endpoint, LinkConfig, Scheme};
+use zerocast_link::{Flavor, LinkSetup};
+use zerocast_mem::{Pool, PoolConfig};
+
+/// The TCP flavor of [`zerocast_link::Connection`].
+#[derive(Debug)]
+pub enum Tcp {}
+
+impl Flavor for Tcp {
+    const CAPS: Caps = Caps::STREAM;
+    const SCHEME: &'static str = "tcp";
+}
+
+/// A `tcp://` connection.
+pub type TcpConnection = zerocast_link::Connection<Tcp>;
+
+/// Settings of the TCP backend.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct TcpConfig {
+    /// Credits, payload limit and batching.
+    pub link: LinkConfig,
+    /// `SO_SNDBUF`, when set.
+    pub send_buffer: Option<usize>,
+    /// `SO_RCVBUF`, when set.
+    pub recv_buffer: Option<usize>,
+    /// Time allowed for connecting and for the handshake.
+    pub handshake_timeout: Duration,
+    /// A peer that stops in the middle of a frame for this long has its
+    /// connection closed with [`ConnError::TimedOut`].
+    pub frame_timeout: Duration,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        Self {
+            link: LinkConfig::default(),
+            send_buffer: None,
+            recv_buffer: None,
+            handshake_timeout: Duration::from_secs(5),
+            frame_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl TcpConfig {
+    /// Set the link settings.
+    pub fn with_link(mut self, link: LinkConfig) -> Self {
+        self.link = link;
+        self
+    }
+
+    /// Set the socket buffer sizes.
+    pub fn with_socket_buffers(mut self, send: Option<usize>, recv: Option<usize>) -> Self {
+        self.send_buffer = send;
+        self.recv_buffer = recv;
+        self
+    }
+
+    /// Set the handshake and mid-frame timeouts.
+    pub fn with_timeouts(mut self, handshake: Duration, frame: Duration) -> Self {
+        self.handshake_timeout = handshake;
+        self.frame_timeout = frame;
+        self
+    }
+
+    /// A pool configuration whose buffers can hold this config's largest message.
+    pub fn pool_config(&self) -> PoolConfig {
+        pool_config_for(&self.link)
+    }
+}
+
+/// A pool configuration with size classes up to `link.max_payload`.
+pub fn pool_config_for(link: &LinkConfig) -> PoolConfig {
+    let max = link.max_payload as usize;
+    let mut classes: Vec<usize> = [256usize, 4096, 65_536].into_iter().filter(|&c| c < max).collect();
+    classes.push(max);
+    PoolConfig { classes, ..PoolConfig::default() }
+}
+
+/// The TCP transport: a pool and settings shared by its connections.
+#[derive(Debug, Clone)]
+pub struct TcpTransport {
+    pool: Pool,
+    cfg: Arc<TcpConfig>,
+}
+
+impl TcpTransport {
+    /// A transport whose connections take buffers from `pool`.
+    pub fn new(pool: Pool, cfg: TcpConfig) -> Result<Self, ConnectError> {
+        cfg.link.validate().map_err(|e| ConnectError::Transport(Box::new(e)))?;
+        if pool.max_buf_size() < cfg.link.max_payload as usize {
+            let msg = format!(
+                "pool buffers hold at most {} bytes but max_payload is {}; add a pool size class",
+                pool.max_buf_size(),
+                cfg.link.max_payload
+            );
+            return Err(ConnectError::Transport(msg.into()));
+        }
+        Ok(Self { pool, cfg: Arc::new(cfg) })
+    }
+
+    /// A transport with its own unregistered pool sized for `cfg`.
+    pub fn with_config(cfg: TcpConfig) -> Result<Self, ConnectError> {
+        let pool = Pool::unregistered(cfg.pool_config()).map_err(|e| ConnectError::Transport(Box::new(e)))?;
+        Self::new(pool, cfg)
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &TcpConfig {
+        &self.cfg
+    }
+
+    fn link_config(&self, ep: &Endpoint) -> Result<LinkConfig, ConnectError> {
+        let mut link = self.cfg.link;
+        if let Some(w) = ep.param_as::<u32>("window")? {
+            link.recv_window = w;
+        }
+        link.validate().map_err(|e| ConnectError::Transport(Box::new(e)))?;
+        Ok(link)
+    }
+
+    /// Set up a connected socket: handshake, then start its I/O threads.
+    fn establish(&self, sock: Socket, peer: Endpoint, link_cfg: LinkConfig) -> Result<TcpConnection, ConnectError> {
+        let io_err = |e| ConnectError::Io { endpoint: peer.to_string(), source: e };
+        sock.set_nodelay(true).map_err(io_err)?;
+        if let Some(n) = self.cfg.send_buffer {
+            sock.set_send_buffer_size(n).map_err(io_err)?;
+        }
+        if let Some(n) = self.cfg.recv_buffer {
+            sock.set_recv_buffer_size(n).map_err(io_err)?;
+        }
+        let buf_size = self.pool.class_for(link_cfg.max_payload as usize).unwrap_or(0);
+        let hello = zerocast_link::hello_for(&link_cfg, buf_size);
+        let peer_hello = handshake::exchange(&sock, &hello, self.cfg.handshake_timeout)
+            .map_err(|source| ConnectError::Handshake { endpoint: peer.to_string(), source })?;
+        let setup = LinkSetup { config: link_cfg, peer_hello, pool: self.pool.clone(), peer: peer.clone(), repost: false };
+        let (link, driver, _) = zerocast_link::new(setup)
+            .map_err(|source| ConnectError::Handshake { endpoint: peer.to_string(), source })?;
+        let sock = Arc::new(sock);
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            thread::Builder::new().name(format!("zerocast-tcp-{name}")).spawn(f).map_err(io_err)
+        };
+        let (d, s, frame_timeout) = (driver.clone(), sock.clone(), self.cfg.frame_timeout);
+        spawn("rx", Box::new(move || reader::run(&s, &d, frame_timeout)))?;
+        let (d, s, batch) = (driver, sock.clone(), link_cfg.max_batch);
+        spawn("tx", Box::new(move || writer::run(&s, &d, batch)))?;
+        tracing::debug!(%peer, window = link_cfg.recv_window, peer_window = peer_hello.window, "tcp connection up");
+        Ok(TcpConnection::new(link, ShutdownOnDrop(sock)))
+    }
+}
+
+/// Closes the socket for good when the last handle of a failed or finished
+/// connection goes away; a live connection is closed by its goodbye instead.
+struct ShutdownOnDrop(Arc<Socket>);
+
+impl Drop for ShutdownOnDrop {
+    fn drop(&mut self) {
+        // The I/O threads hold their own references; they end on the
+        // goodbye exchange. Nothing to do unless they already ended.
+        if Arc::strong_count(&self.0) == 1 {
+            let _ = self.0.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+fn resolve(ep: &Endpoint) -> Result<Vec<SocketAddr>, ConnectError> {
+    let io_err = |e| ConnectError::Io { endpoint: ep.to_string(), source: e };
+    let addrs: Vec<SocketAddr> = ep.authority().to_socket_addrs().map_err(io_err)?.collect();
+    if addrs.is_empty() {
+        return Err(io_err(std::io::Error::new(std::io::ErrorKind::NotFound, "no address")));
+    }
+    Ok(addrs)
+}
+
+fn check_scheme(ep: &Endpoint) -> Result<(), ConnectError> {
+    if ep.scheme() != Scheme::Tcp {
+        return Err(ConnectError::Unavailable {
+            scheme: ep.scheme(),
+            reason: "the TCP transport takes tcp:// endpoints".into(),
+        });
+    }
+    Ok(())
+}
+
+impl zerocast_core::Transport for TcpTransport {
+    type Conn = TcpConnection;
+    type Listener = TcpListener;
+
+    fn listen(&self, ep: &Endpoint) -> Result<TcpListener, ConnectError> {
+        check_scheme(ep)?;
+        let link = self.link_config(ep)?;
+        let addr = resolve(ep)?[0];
+        let io_err = |e| ConnectError::Io { endpoint: ep.to_string(), source: e };
+        let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(io_err)?;
+        sock.set_reuse_address(true).map_err(io_err)?;
+        sock.bind(&SockAddr::from(addr)).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AddrInUse => ConnectError::InUse(ep.to_string()),
+            _ => io_err(e),
+        })?;
+        sock.listen(1024).map_err(io_err)?;
+        let bound = sock.local_addr().map_err(io_err)?.as_socket().map(|a| a.port()).unwrap_or(0);
+        let local = ep.with_port(bound);
+        tracing::debug!(%local, "tcp listening");
+        Ok(TcpListener { sock, transport: self.clone(), local, link })
+    }
+
+    fn connect(&self, ep: &Endpoint) -> Result<TcpConnection, ConnectError> {
+        check_scheme(ep)?;
+        let link = self.link_config(ep)?;
+        let mut last = None;
+        for addr in resolve(ep)? {
+            let sock = match Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)) {
+                Ok(s) => s,
+                Err(e) => {
+                    last = Some(e);
+                    continue;
+                }
+            };
+            match sock.connect_timeout(&SockAddr::from(addr), self.cfg.handshake_timeout) {
+                Ok(()) => return self.establish(sock, ep.clone(), link),
+                Err(e) => last = Some(e),
+            }
+        }
+        let source = last.unwrap_or_else(|| std::io::Error::other("no address to connect to"));
+        Err(ConnectError::Io { endpoint: ep.to_string(), source })
+    }
+}
+
+/// Accepts `tcp://` connections.
+#[derive(Debug)]
+pub struct TcpListener {
+    sock: Socket,
+    transport: TcpTransport,
+    local: Endpoint,
+    link: LinkConfig,
+}
+
+impl zerocast_core::Listener for TcpListener {
+    type Conn = TcpConnection;
+
+    fn accept(&self) -> Result<TcpConnection, ConnectError> {
+        let (sock, addr) = self
+            .sock
+            .accept()
+            .map_err(|e| ConnectError::Io { endpoint: self.local.to_string(), source: e })?;
+        let peer = match addr.as_socket() {
+            Some(a) => Endpoint::parse(&format!("tcp://{a}"))?,
+            None => self.local.clone(),
+        };
+        self.transport.establish(sock, peer, self.link)
+    }
+
+    fn local_endpoint(&self) -> &Endpoint {
+        &self.local
+    }
+}
+

@@ -44,6 +44,9 @@ pub enum ConnError {
         /// The limit.
         max: u64,
     },
+    /// The peer used a feature this transport does not have.
+    #[error("peer sent a {0} frame, which this transport does not support")]
+    Unsupported(&'static str),
     /// No progress within the configured time (for example a peer that stopped mid-frame).
     #[error("connection timed out: {0}")]
     TimedOut(&'static str),
@@ -74,6 +77,9 @@ pub enum SendError<T> {
     Disconnected(T),
     /// The connection failed.
     Failed(T, ConnError),
+    /// The message was refused before it was sent: it could not be encoded,
+    /// or it is larger than the connection carries. The connection is fine.
+    Rejected(T, Arc<dyn std::error::Error + Send + Sync>),
 }
 
 impl<T> SendError<T> {
@@ -83,7 +89,8 @@ impl<T> SendError<T> {
             SendError::Full(t)
             | SendError::Timeout(t)
             | SendError::Disconnected(t)
-            | SendError::Failed(t, _) => t,
+            | SendError::Failed(t, _)
+            | SendError::Rejected(t, _) => t,
         }
     }
 
@@ -94,6 +101,7 @@ impl<T> SendError<T> {
             SendError::Timeout(t) => SendError::Timeout(f(t)),
             SendError::Disconnected(t) => SendError::Disconnected(f(t)),
             SendError::Failed(t, e) => SendError::Failed(f(t), e),
+            SendError::Rejected(t, e) => SendError::Rejected(f(t), e),
         }
     }
 
@@ -110,6 +118,7 @@ impl<T> fmt::Debug for SendError<T> {
             SendError::Timeout(_) => f.write_str("Timeout(..)"),
             SendError::Disconnected(_) => f.write_str("Disconnected(..)"),
             SendError::Failed(_, e) => write!(f, "Failed(.., {e:?})"),
+            SendError::Rejected(_, e) => write!(f, "Rejected(.., {e:?})"),
         }
     }
 }
@@ -121,6 +130,7 @@ impl<T> fmt::Display for SendError<T> {
             SendError::Timeout(_) => f.write_str("send timed out waiting for credit"),
             SendError::Disconnected(_) => f.write_str("send on a closed connection"),
             SendError::Failed(_, e) => write!(f, "send on a failed connection: {e}"),
+            SendError::Rejected(_, e) => write!(f, "message refused: {e}"),
         }
     }
 }
@@ -129,6 +139,7 @@ impl<T> std::error::Error for SendError<T> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             SendError::Failed(_, e) => Some(e),
+            SendError::Rejected(_, e) => Some(&**e),
             _ => None,
         }
     }

@@ -28,7 +28,7 @@ mod shared;
 pub use conn::{Connection, Flavor};
 pub use driver::{Driver, Frame};
 pub use link::{Link, LinkStats};
-pub use recv::RecvBuf;
+pub use recv::{RecvBuf, ReleaseToken};
 
 use std::sync::Arc;
 
@@ -54,11 +54,12 @@ pub struct LinkSetup {
 /// Create the two halves of a connection.
 ///
 /// When `setup.repost` is set, the returned receiver yields every released
-/// receive buffer; the backend reposts it and then calls
-/// [`Driver::on_reposted`], which is what returns the credit.
+/// receive buffer (`None`: the buffer was lost, post a fresh one); the
+/// backend reposts it and then calls [`Driver::on_reposted`], which is what
+/// returns the credit.
 pub fn new(
     setup: LinkSetup,
-) -> Result<(Link, Driver, Option<crossbeam_channel::Receiver<Buf>>), ConnError> {
+) -> Result<(Link, Driver, Option<crossbeam_channel::Receiver<Option<Buf>>>), ConnError> {
     let credits = Credits::new(setup.config.recv_window, setup.peer_hello.window)?;
     let max_message = setup.config.max_payload.min(setup.peer_hello.max_payload) as usize;
     let (shared, outgoing, reposts) = shared::Shared::new(setup, credits, max_message);

@@ -83,7 +83,7 @@ impl Link {
         if buf.len() > self.shared.max_message {
             let max = self.shared.max_message as u64;
             let err = ConnError::TooLarge { len: buf.len() as u64, max };
-            return Err(SendError::Failed(buf, err));
+            return Err(SendError::Rejected(buf, std::sync::Arc::new(err)));
         }
         let mut st = self.shared.lock();
         let reservation = loop {

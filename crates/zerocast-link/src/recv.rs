@@ -26,6 +26,48 @@ impl RecvBuf {
     pub fn buf(&self) -> &Buf {
         self.buf.as_ref().expect("present until drop")
     }
+
+    /// Split into the buffer and the token that must give it back. Used by
+    /// handles that need to own the buffer itself (a borrowing decoder's
+    /// cart); [`ReleaseToken::release`] does what dropping a `RecvBuf` does.
+    pub fn into_parts(mut self) -> (Buf, ReleaseToken) {
+        let buf = self.buf.take().expect("present until drop");
+        (buf, ReleaseToken { shared: Some(self.shared.clone()) })
+    }
+}
+
+/// The obligation to give a received buffer back. See [`RecvBuf::into_parts`].
+///
+/// Dropping the token without [`ReleaseToken::release`] still returns the
+/// credit (a reposting backend posts a fresh buffer); the buffer, dropped
+/// elsewhere, goes back to the pool.
+#[derive(Debug)]
+#[must_use = "release the buffer with ReleaseToken::release"]
+pub struct ReleaseToken {
+    shared: Option<Arc<Shared>>,
+}
+
+impl ReleaseToken {
+    /// Give the buffer back, exactly as dropping its `RecvBuf` would.
+    pub fn release(mut self, buf: Buf) {
+        if let Some(shared) = self.shared.take() {
+            drop(RecvBuf::new(buf, shared));
+        }
+    }
+}
+
+impl Drop for ReleaseToken {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            match &shared.reposts {
+                // The backend posts a fresh buffer in its place.
+                Some(tx) => {
+                    let _ = tx.try_send(None);
+                }
+                None => shared.release_one(),
+            }
+        }
+    }
 }
 
 impl Deref for RecvBuf {
@@ -47,10 +89,8 @@ impl Drop for RecvBuf {
         match &self.shared.reposts {
             // The backend reposts it and then returns the credit.
             Some(tx) => {
-                if let Err(e) = tx.try_send(buf) {
-                    // The backend is gone: the buffer simply returns to the pool.
-                    drop(e.into_inner());
-                }
+                // If the backend is gone, the buffer simply returns to the pool.
+                let _ = tx.try_send(Some(buf));
             }
             None => {
                 drop(buf);

@@ -52,7 +52,7 @@ pub(crate) struct Shared {
     pub(crate) tx: Sender<Outgoing>,
     pub(crate) delivered_tx: Sender<Delivery>,
     pub(crate) delivered_rx: Receiver<Delivery>,
-    pub(crate) reposts: Option<Sender<Buf>>,
+    pub(crate) reposts: Option<Sender<Option<Buf>>>,
     pub(crate) pool: Pool,
     pub(crate) peer: Endpoint,
     pub(crate) max_message: usize,
@@ -65,7 +65,7 @@ impl Shared {
         setup: LinkSetup,
         credits: Credits,
         max_message: usize,
-    ) -> (Shared, Receiver<Outgoing>, Option<Receiver<Buf>>) {
+    ) -> (Shared, Receiver<Outgoing>, Option<Receiver<Option<Buf>>>) {
         // Data items are bounded by reserved credits (at most the peer's
         // window); one Wake at a time; one End. So `try_send` never finds
         // these channels full.

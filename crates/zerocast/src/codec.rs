@@ -1,0 +1,103 @@
+//! How typed messages become bytes.
+//!
+//! [`Codec`] is deliberately small so the serialization format can be
+//! swapped. The default, [`Bincode`], uses bincode 2 through its serde
+//! support. bincode is marked unmaintained (RUSTSEC-2025-0141) and its 3.0.0
+//! release is empty, which is why it sits behind this trait: another codec
+//! (postcard, rkyv, a hand-written one) plugs in without touching channels.
+
+use serde::{Deserialize, Serialize};
+
+/// Why a message could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CodecError {
+    /// The output buffer is too small; `needed` is the exact size when known.
+    #[error("buffer of {capacity} bytes too small for the encoded message")]
+    BufferTooSmall {
+        /// The buffer size.
+        capacity: usize,
+    },
+    /// Encoding failed.
+    #[error("cannot encode message: {0}")]
+    Encode(String),
+    /// The bytes are not a valid message of the expected type.
+    #[error("cannot decode message: {0}")]
+    Decode(String),
+    /// Bytes were left over after decoding a whole message.
+    #[error("{trailing} trailing bytes after the message")]
+    Trailing {
+        /// Bytes left over.
+        trailing: usize,
+    },
+}
+
+/// A serialization format for typed channels.
+pub trait Codec: Clone + Default + Send + Sync + 'static {
+    /// Encode `msg` into the front of `out`; return the bytes written, or
+    /// [`CodecError::BufferTooSmall`].
+    fn encode<T: Serialize + ?Sized>(&self, msg: &T, out: &mut [u8]) -> Result<usize, CodecError>;
+    /// The exact encoded size of `msg`.
+    fn encoded_len<T: Serialize + ?Sized>(&self, msg: &T) -> Result<usize, CodecError>;
+    /// Decode one whole message from `bytes`, borrowing from them where the
+    /// type allows (`&str`, `&[u8]`).
+    fn decode<'de, T: Deserialize<'de>>(&self, bytes: &'de [u8]) -> Result<T, CodecError>;
+}
+
+/// bincode 2 with its standard configuration (little-endian, varints).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Bincode;
+
+impl Codec for Bincode {
+    fn encode<T: Serialize + ?Sized>(&self, msg: &T, out: &mut [u8]) -> Result<usize, CodecError> {
+        let capacity = out.len();
+        bincode::serde::encode_into_slice(msg, out, bincode::config::standard()).map_err(|e| match e {
+            bincode::error::EncodeError::UnexpectedEnd => CodecError::BufferTooSmall { capacity },
+            other => CodecError::Encode(other.to_string()),
+        })
+    }
+
+    fn encoded_len<T: Serialize + ?Sized>(&self, msg: &T) -> Result<usize, CodecError> {
+        let mut w = bincode::enc::write::SizeWriter::default();
+        bincode::serde::encode_into_writer(msg, &mut w, bincode::config::standard())
+            .map_err(|e| CodecError::Encode(e.to_string()))?;
+        Ok(w.bytes_written)
+    }
+
+    fn decode<'de, T: Deserialize<'de>>(&self, bytes: &'de [u8]) -> Result<T, CodecError> {
+        let (v, used) = bincode::serde::borrow_decode_from_slice(bytes, bincode::config::standard())
+            .map_err(|e| CodecError::Decode(e.to_string()))?;
+        if used != bytes.len() {
+            return Err(CodecError::Trailing { trailing: bytes.len() - used });
+        }
+        Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Msg<'a> {
+        id: u64,
+        name: &'a str,
+        tags: Vec<String>,
+    }
+
+    #[test]
+    fn roundtrip_borrows_and_is_strict() {
+        let m = Msg { id: 7, name: "seven", tags: vec!["a".into()] };
+        let mut out = [0u8; 64];
+        let n = Bincode.encode(&m, &mut out).unwrap();
+        assert_eq!(n, Bincode.encoded_len(&m).unwrap());
+        let back: Msg<'_> = Bincode.decode(&out[..n]).unwrap();
+        assert_eq!(back, m);
+        assert!(std::ptr::eq(back.name.as_bytes().as_ptr(), out[..n].as_ptr().wrapping_add(2)));
+        assert!(matches!(Bincode.decode::<Msg<'_>>(&out[..n + 1]), Err(CodecError::Trailing { trailing: 1 })));
+        assert!(matches!(Bincode.encode(&m, &mut out[..3]), Err(CodecError::BufferTooSmall { capacity: 3 })));
+        // A huge claimed length is an error, not an allocation.
+        let evil = [0xfdu8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x0f];
+        assert!(Bincode.decode::<Vec<u64>>(&evil).is_err());
+    }
+}

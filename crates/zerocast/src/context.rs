@@ -1,0 +1,217 @@
+//! Opening endpoints by URI: the cold edge where a transport is chosen.
+
+use std::sync::{Arc, OnceLock};
+
+use zerocast_core::{ConnectError, Endpoint, LinkConfig, Scheme, TransportList};
+use zerocast_mem::{Pool, PoolConfig};
+
+use crate::conn::{Connection, Flavor, Listener, ListenerFlavor};
+
+#[cfg(not(any(feature = "tcp", feature = "mem", feature = "rdma")))]
+compile_error!("enable at least one transport feature of zerocast: tcp, mem or rdma");
+
+/// Settings for every connection a [`Zerocast`] opens.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Config {
+    /// Credits, payload limit and batching.
+    pub link: LinkConfig,
+    /// The buffer pool of the network transports (size classes up to
+    /// `link.max_payload` are added when missing).
+    pub pool: PoolConfig,
+    /// TCP socket settings.
+    #[cfg(feature = "tcp")]
+    pub tcp: zerocast_tcp::TcpConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let link = LinkConfig::default();
+        Self {
+            link,
+            pool: PoolConfig::default(),
+            #[cfg(feature = "tcp")]
+            tcp: zerocast_tcp::TcpConfig::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Set the link settings.
+    pub fn with_link(mut self, link: LinkConfig) -> Self {
+        self.link = link;
+        self
+    }
+
+    /// Set the pool settings.
+    pub fn with_pool(mut self, pool: PoolConfig) -> Self {
+        self.pool = pool;
+        self
+    }
+}
+
+/// Opens connections and listeners by URI, sharing pools and settings.
+///
+/// ```no_run
+/// let zc = zerocast::Zerocast::new();
+/// let conn = zc.connect("tcp://127.0.0.1:7000")?;
+/// let (tx, rx) = conn.split::<String, String>();
+/// tx.send("hello".to_owned())?;
+/// println!("{}", rx.recv()?);
+/// # Ok::<(), zerocast::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Zerocast {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    cfg: Config,
+    pool: OnceLock<Result<Pool, String>>,
+}
+
+impl Default for Zerocast {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Zerocast {
+    /// Default settings.
+    pub fn new() -> Self {
+        Self::with_config(Config::default())
+    }
+
+    /// The given settings.
+    pub fn with_config(cfg: Config) -> Self {
+        Self { inner: Arc::new(Inner { cfg, pool: OnceLock::new() }) }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    /// The pool that TCP and in-process connections use (created on first use).
+    pub fn pool(&self) -> Result<Pool, ConnectError> {
+        self.inner
+            .pool
+            .get_or_init(|| {
+                let mut pc = self.inner.cfg.pool.clone();
+                let max = self.inner.cfg.link.max_payload as usize;
+                if pc.classes.last().is_none_or(|&c| c < max) {
+                    pc.classes.push(max);
+                }
+                Pool::unregistered(pc).map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(|e| ConnectError::Transport(e.into()))
+    }
+
+    /// Connect to `uri` (see [`zerocast_core::uri`] for the forms).
+    pub fn connect(&self, uri: &str) -> Result<Connection, ConnectError> {
+        let ep = self.resolve(&Endpoint::parse(uri)?)?;
+        let flavor = match ep.scheme() {
+            #[cfg(feature = "tcp")]
+            Scheme::Tcp => Flavor::Tcp(zerocast_core::Transport::connect(&self.tcp()?, &ep)?),
+            #[cfg(feature = "mem")]
+            Scheme::Mem => Flavor::Mem(zerocast_core::Transport::connect(&self.mem()?, &ep)?),
+            other => return Err(unavailable(other)),
+        };
+        Ok(Connection::new(flavor))
+    }
+
+    /// Listen at `uri`. Port 0 picks a free port: see [`Listener::local_endpoint`].
+    pub fn listen(&self, uri: &str) -> Result<Listener, ConnectError> {
+        let ep = self.resolve(&Endpoint::parse(uri)?)?;
+        let flavor = match ep.scheme() {
+            #[cfg(feature = "tcp")]
+            Scheme::Tcp => ListenerFlavor::Tcp(zerocast_core::Transport::listen(&self.tcp()?, &ep)?),
+            #[cfg(feature = "mem")]
+            Scheme::Mem => ListenerFlavor::Mem(zerocast_core::Transport::listen(&self.mem()?, &ep)?),
+            other => return Err(unavailable(other)),
+        };
+        Ok(Listener { flavor })
+    }
+
+    /// Resolve `auto://` (or a bare `host:port`) through the ordered list
+    /// in `ZEROCAST_TRANSPORTS` (default: `rc,tcp` with RDMA built in,
+    /// else `tcp`): the first transport built in and usable here wins.
+    pub fn resolve(&self, ep: &Endpoint) -> Result<Endpoint, ConnectError> {
+        if ep.scheme() != Scheme::Auto {
+            return Ok(ep.clone());
+        }
+        let list = match std::env::var(TransportList::ENV) {
+            Ok(s) => TransportList::parse(&s)?,
+            Err(_) => TransportList::parse(DEFAULT_TRANSPORTS)?,
+        };
+        for &scheme in list.schemes() {
+            if let Err(reason) = usable(scheme) {
+                tracing::debug!(transport = %scheme, %reason, "transport skipped");
+                continue;
+            }
+            let chosen = ep.with_scheme(scheme);
+            tracing::info!(transport = %scheme, endpoint = %chosen, "transport chosen");
+            return Ok(chosen);
+        }
+        Err(ConnectError::Unavailable {
+            scheme: Scheme::Auto,
+            reason: format!("none of {list:?} is built in and usable here"),
+        })
+    }
+
+    #[cfg(feature = "tcp")]
+    fn tcp(&self) -> Result<zerocast_tcp::TcpTransport, ConnectError> {
+        let cfg = self.inner.cfg.tcp.clone().with_link(self.inner.cfg.link);
+        zerocast_tcp::TcpTransport::new(self.pool()?, cfg)
+    }
+
+    #[cfg(feature = "mem")]
+    fn mem(&self) -> Result<zerocast_inproc::MemTransport, ConnectError> {
+        zerocast_inproc::MemTransport::new(self.pool()?, self.inner.cfg.link)
+    }
+}
+
+#[cfg(feature = "rdma")]
+const DEFAULT_TRANSPORTS: &str = "rc,tcp";
+#[cfg(not(feature = "rdma"))]
+const DEFAULT_TRANSPORTS: &str = "tcp";
+
+/// Whether a connection-oriented transport is built in and usable here.
+fn usable(scheme: Scheme) -> Result<(), String> {
+    match scheme {
+        #[cfg(feature = "tcp")]
+        Scheme::Tcp => Ok(()),
+        #[cfg(feature = "mem")]
+        Scheme::Mem => Ok(()),
+        Scheme::Ud | Scheme::Mcast => Err("a datagram transport; use zerocast::datagram".into()),
+        other => Err(format!("{other} is not built into this zerocast")),
+    }
+}
+
+fn unavailable(scheme: Scheme) -> ConnectError {
+    let reason = match scheme {
+        Scheme::Rc | Scheme::RcOob => "RDMA is not built in: enable zerocast's `rdma` feature".to_owned(),
+        Scheme::Ud | Scheme::Mcast => "datagram endpoints open with zerocast::datagram::bind".to_owned(),
+        other => format!("{other} is not built into this zerocast; enable its feature"),
+    };
+    ConnectError::Unavailable { scheme, reason }
+}
+
+static DEFAULT: OnceLock<Zerocast> = OnceLock::new();
+
+/// The process-wide [`Zerocast`] with default settings.
+pub fn global() -> &'static Zerocast {
+    DEFAULT.get_or_init(Zerocast::new)
+}
+
+/// Connect with the process-wide defaults.
+pub fn connect(uri: &str) -> Result<Connection, ConnectError> {
+    global().connect(uri)
+}
+
+/// Listen with the process-wide defaults.
+pub fn listen(uri: &str) -> Result<Listener, ConnectError> {
+    global().listen(uri)
+}

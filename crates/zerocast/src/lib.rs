@@ -1,0 +1,61 @@
+//! zerocast: zero-copy message passing with pluggable transports.
+//!
+//! One API over several transports, chosen by URI: test on a laptop over
+//! `tcp://` and deploy over RDMA with `rc://`, without changing code.
+//!
+//! ```no_run
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Ping { n: u64 }
+//!
+//! let listener = zerocast::listen("tcp://127.0.0.1:7000")?;
+//! let conn = listener.accept()?;
+//! let (tx, rx) = conn.split::<Ping, Ping>();
+//! let ping = rx.recv()?;
+//! tx.send(Ping { n: ping.n + 1 })?;
+//! # Ok::<(), zerocast::Error>(())
+//! ```
+//!
+//! Layers, top down:
+//!
+//! - typed channels, [`Sender`] and [`Receiver`], that serialize straight
+//!   into pooled buffers through a swappable [`Codec`], and a borrowing
+//!   receive ([`Receiver::recv_ref`]) whose `&str`/`&[u8]` fields point into
+//!   the receive buffer;
+//! - the raw API, [`Connection`]: take a buffer, write in place, send it;
+//!   receive the buffer itself;
+//! - credit-based flow control: a sender never sends without a free
+//!   receive buffer at the peer;
+//! - a registered-memory pool: zero allocations per message in steady state.
+//!
+//! What zerocast does **not** do: encryption, reconnection, or message
+//! routing between more than two parties on a connection. Datagram
+//! transports ([`datagram`]) are best-effort.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod borrow;
+mod channel;
+pub mod codec;
+mod conn;
+mod context;
+#[cfg(feature = "tcp")]
+pub mod datagram;
+mod error;
+
+pub use borrow::Guard;
+pub use channel::{Receiver, Sender};
+pub use codec::{Bincode, Codec};
+pub use conn::{Connection, Listener};
+pub use context::{connect, global, listen, Config, Zerocast};
+pub use error::{CodecError, ConnError, ConnectError, Error, PoolError, RecvError, SendError, TypedRecvError};
+
+/// The layers beneath, for users who need them.
+pub use zerocast_core as core;
+pub use zerocast_link::{LinkStats, RecvBuf};
+pub use zerocast_mem::{Buf, Pool, PoolConfig, PoolStats};
+pub use zerocast_core::{Caps, Endpoint, LinkConfig, Scheme};
+/// Derive `Yokeable` on borrowing message types for [`Receiver::recv_ref`].
+pub use yoke;

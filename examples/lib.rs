@@ -1,0 +1,6 @@
+//! Runnable examples of zerocast; see the `[[example]]` targets.
+//!
+//! - `hello`: typed request/reply over the URI given on the command line.
+//! - `swap_transport`: one test body run over mem, tcp (and rc with RDMA).
+
+#![forbid(unsafe_code)]

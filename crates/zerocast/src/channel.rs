@@ -91,52 +91,73 @@ impl<T: Serialize, C: Codec> Sender<T, C> {
     }
 
     fn send_inner(&self, msg: T, wait: Wait) -> Result<(), SendError<T>> {
-        let buf = match self.encode(&msg, &wait) {
-            Ok(buf) => buf,
-            Err(e) => return Err(e.map(|()| msg)),
-        };
-        let conn = &self.side.conn;
-        let r = match wait {
-            Wait::Now => conn.try_send(buf),
-            Wait::Until(None) => conn.send(buf),
-            Wait::Until(Some(d)) => conn.send_timeout(buf, d.saturating_duration_since(Instant::now())),
-        };
-        // The encoded copy is dropped (back to the pool); the caller gets
-        // the message itself back.
-        r.map_err(|e| e.map(|_buf| msg))
+        send_encoded(&self.side, &msg, wait).map_err(|e| e.map(|()| msg))
     }
 
+    /// Send a message by reference (it is only serialized, never moved).
+    pub fn send_ref(&self, msg: &T) -> Result<(), SendError<()>> {
+        send_encoded(&self.side, msg, Wait::Until(None))
+    }
+}
+
+impl<T, C: Codec> Sender<T, C>
+where
+    T: for<'a> Yokeable<'a>,
+    for<'a> <T as Yokeable<'a>>::Output: Serialize,
+{
+    /// Send a borrowing message (`T` is its `'static` form, as for
+    /// [`Receiver::recv_ref`]): `Sender<Record<'static>>` sends a
+    /// `&Record<'a>` whose fields borrow from anywhere.
+    pub fn send_borrowed<'a>(&self, msg: &<T as Yokeable<'a>>::Output) -> Result<(), SendError<()>> {
+        send_encoded(&self.side, msg, Wait::Until(None))
+    }
+}
+
+fn send_encoded<M: Serialize + ?Sized, C: Codec>(
+    side: &SendSide<C>,
+    msg: &M,
+    wait: Wait,
+) -> Result<(), SendError<()>> {
+    let buf = side.encode(msg, &wait)?;
+    let conn = &side.conn;
+    let r = match wait {
+        Wait::Now => conn.try_send(buf),
+        Wait::Until(None) => conn.send(buf),
+        Wait::Until(Some(d)) => conn.send_timeout(buf, d.saturating_duration_since(Instant::now())),
+    };
+    // On failure the encoded copy goes back to the pool; the caller keeps
+    // (or gets back) the message itself.
+    r.map_err(|e| e.map(drop))
+}
+
+impl<C: Codec> SendSide<C> {
     /// Serialize into a pool buffer sized by the last message's size, and
     /// again into an exact-size buffer if that was too small.
-    fn encode(&self, msg: &T, wait: &Wait) -> Result<Buf, SendError<()>> {
-        let max = self.side.conn.max_message();
-        let hint = self.side.hint.load(Ordering::Relaxed).clamp(MIN_HINT, max.max(MIN_HINT)).min(max);
+    fn encode<M: Serialize + ?Sized>(&self, msg: &M, wait: &Wait) -> Result<Buf, SendError<()>> {
+        let max = self.conn.max_message();
+        let hint = self.hint.load(Ordering::Relaxed).clamp(MIN_HINT, max.max(MIN_HINT)).min(max);
         let mut buf = self.alloc(hint, wait)?;
-        let written = match self.side.codec.encode(msg, buf.spare_capacity()) {
+        let written = match self.codec.encode(msg, buf.spare_capacity()) {
             Ok(n) => n,
             Err(CodecError::BufferTooSmall { .. }) => {
-                let need = self.side.codec.encoded_len(msg).map_err(rejected)?;
+                let need = self.codec.encoded_len(msg).map_err(rejected)?;
                 if need > max {
                     let e = zerocast_core::ConnError::TooLarge { len: need as u64, max: max as u64 };
                     return Err(SendError::Rejected((), Arc::new(e)));
                 }
                 drop(buf);
                 buf = self.alloc(need, wait)?;
-                self.side.codec.encode(msg, buf.spare_capacity()).map_err(rejected)?
+                self.codec.encode(msg, buf.spare_capacity()).map_err(rejected)?
             }
             Err(e) => return Err(rejected(e)),
         };
-        if written > max {
-            let e = zerocast_core::ConnError::TooLarge { len: written as u64, max: max as u64 };
-            return Err(SendError::Rejected((), Arc::new(e)));
-        }
         buf.set_len(written);
-        self.side.hint.store(written, Ordering::Relaxed);
+        self.hint.store(written, Ordering::Relaxed);
         Ok(buf)
     }
 
     fn alloc(&self, len: usize, wait: &Wait) -> Result<Buf, SendError<()>> {
-        let conn = &self.side.conn;
+        let conn = &self.conn;
         let r = match wait {
             Wait::Now => conn.alloc_timeout(len, Duration::ZERO),
             Wait::Until(None) => conn.alloc(len),

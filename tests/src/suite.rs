@@ -1,0 +1,314 @@
+//! The assertions every transport must pass.
+
+use std::collections::BTreeMap;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use zerocast::{RecvError, SendError, TypedRecvError};
+
+use crate::checksum;
+use crate::Transport;
+
+/// `n` checksummed messages of mixed sizes arrive intact, once each, in
+/// order, while the sender and receiver run on their own threads.
+pub fn integrity(t: &Transport, n: u64) {
+    let (client, server) = t.pair();
+    let max = client.max_message().min(64 * 1024);
+    let sender = thread::spawn(move || {
+        for seq in 0..n {
+            let mut buf = client.alloc(checksum::size_for(seq, max)).expect("alloc");
+            checksum::write(seq, &mut buf);
+            client.send(buf).expect("send");
+        }
+        client.close();
+    });
+    let mut next = 0u64;
+    loop {
+        match server.recv() {
+            Ok(msg) => {
+                let seq = checksum::verify(&msg).unwrap_or_else(|e| panic!("corrupt message: {e}"));
+                assert_eq!(seq, next, "lost, duplicated or reordered");
+                assert_eq!(msg.len(), checksum::size_for(seq, max));
+                next += 1;
+            }
+            Err(RecvError::Disconnected) => break,
+            Err(e) => panic!("receive failed after {next} messages: {e}"),
+        }
+    }
+    sender.join().expect("sender");
+    assert_eq!(next, n);
+    drop(server);
+    t.assert_pool_drained(Duration::from_secs(10));
+}
+
+/// A reader that does not read blocks the sender after exactly one window
+/// (less the reserved credit), hands messages back on `try_send` and
+/// `send_timeout`, and keeps the receiver's buffers bounded by its window.
+pub fn backpressure(t: &Transport, window: u32) {
+    let (client, server) = t.pair();
+    let mut sent = 0u32;
+    // Credits arrive with the handshake: fill the peer's window.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut buf = client.alloc(64).expect("alloc");
+        buf.fill(sent as u8);
+        match client.try_send(buf) {
+            Ok(()) => sent += 1,
+            Err(SendError::Full(buf)) => {
+                assert_eq!(buf.len(), 64, "the buffer comes back intact");
+                break;
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+        assert!(Instant::now() < deadline, "sender never blocked");
+    }
+    assert_eq!(sent, window - 1, "one credit stays reserved for credit frames");
+    let buf = client.alloc(64).expect("alloc");
+    let t0 = Instant::now();
+    match client.send_timeout(buf, Duration::from_millis(200)) {
+        Err(SendError::Timeout(b)) => assert_eq!(b.len(), 64),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(t0.elapsed() >= Duration::from_millis(200));
+    // Give stray frames time to land: the receiver holds exactly `sent`.
+    thread::sleep(Duration::from_millis(100));
+    let stats = server.stats();
+    assert_eq!((stats.held, stats.queued as u32), (sent, sent), "all held, none taken yet");
+    // A slow reader: every message read lets the blocked sender go on.
+    let total = 5 * window;
+    let sender = {
+        let client = client.clone();
+        thread::spawn(move || {
+            for i in sent..total {
+                let mut buf = client.alloc(64).expect("alloc");
+                buf.fill(i as u8);
+                client.send(buf).expect("send");
+                let s = client.stats();
+                assert!(s.outstanding < window, "sender overran the window: {s:?}");
+            }
+        })
+    };
+    for i in 0..total {
+        let msg = server.recv_timeout(Duration::from_secs(10)).expect("recv");
+        assert!(msg.iter().all(|&b| b == i as u8), "message {i} corrupt");
+        if i % 7 == 0 {
+            thread::sleep(Duration::from_millis(2));
+        }
+    }
+    sender.join().expect("sender");
+    drop((client, server));
+    t.assert_pool_drained(Duration::from_secs(10));
+}
+
+/// After the peer closes, buffered messages drain first, then
+/// `Disconnected`; sending to a closed connection hands the buffer back.
+pub fn disconnect(t: &Transport) {
+    let (client, server) = t.pair();
+    for i in 0..10u8 {
+        let mut buf = client.alloc(1).expect("alloc");
+        buf[0] = i;
+        client.send(buf).expect("send");
+    }
+    client.close();
+    let buf = client.alloc(1).expect("alloc");
+    assert!(matches!(client.send(buf), Err(SendError::Disconnected(_))));
+    for i in 0..10u8 {
+        assert_eq!(server.recv_timeout(Duration::from_secs(10)).expect("buffered")[0], i);
+    }
+    assert!(matches!(server.recv_timeout(Duration::from_secs(10)), Err(RecvError::Disconnected)));
+    assert!(matches!(server.try_recv(), Err(RecvError::Disconnected)), "stays disconnected");
+    // The other direction still works until the server closes too.
+    let mut buf = server.alloc(3).expect("alloc");
+    buf.copy_from_slice(b"bye");
+    server.send(buf).expect("half-closed connection still sends the other way");
+    assert_eq!(&*client.recv_timeout(Duration::from_secs(10)).expect("reply"), b"bye");
+    assert!(matches!(client.try_recv(), Err(RecvError::Empty)));
+    drop(server);
+    assert!(matches!(client.recv_timeout(Duration::from_secs(10)), Err(RecvError::Disconnected)));
+    drop(client);
+    t.assert_pool_drained(Duration::from_secs(10));
+}
+
+/// Typed channels: dropping the sender ends the receiver's iteration after
+/// every message; a dropped receiver makes sends fail, message handed back.
+pub fn typed_disconnect(t: &Transport) {
+    let (client, server) = t.pair();
+    let (tx, _rx_unused) = client.split::<String, ()>();
+    let (_tx_unused, rx) = server.split::<(), String>();
+    let sender = thread::spawn(move || {
+        for i in 0..100 {
+            tx.send(format!("m{i}")).expect("send");
+        }
+        // Dropping the last Sender closes the channel.
+    });
+    let got: Vec<String> = rx.iter().collect();
+    sender.join().expect("sender");
+    assert_eq!(got.len(), 100);
+    assert_eq!(got[99], "m99");
+    assert!(matches!(rx.recv(), Err(e) if e.is_disconnected()));
+}
+
+/// A nested serde type with every kind of field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Order {
+    /// Identifier.
+    pub id: u64,
+    /// Customer.
+    pub customer: Option<Customer>,
+    /// Lines, by product.
+    pub lines: BTreeMap<String, Vec<Line>>,
+    /// State.
+    pub state: State,
+    /// Raw bytes.
+    pub blob: Vec<u8>,
+    /// A tuple and a float.
+    pub extra: (i32, f64, bool, char),
+}
+
+/// A nested struct.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Customer {
+    /// Name.
+    pub name: String,
+    /// Tags.
+    pub tags: Vec<String>,
+}
+
+/// A line of an order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Line {
+    /// Quantity.
+    pub qty: u32,
+    /// Price in cents.
+    pub cents: i64,
+}
+
+/// An enum with data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum State {
+    /// New.
+    New,
+    /// Shipped, with a tracking number.
+    Shipped(String),
+    /// Cancelled, with a reason code.
+    Cancelled {
+        /// Why.
+        code: u16,
+    },
+}
+
+/// An order of roughly `size` bytes, varied by `i`.
+pub fn order(i: u64, size: usize) -> Order {
+    let mut lines = BTreeMap::new();
+    lines.insert(format!("sku-{i}"), vec![Line { qty: i as u32, cents: -(i as i64) }]);
+    Order {
+        id: i,
+        customer: (i % 3 != 0).then(|| Customer { name: format!("customer {i}"), tags: vec!["vip".into(); (i % 4) as usize] }),
+        lines,
+        state: match i % 3 {
+            0 => State::New,
+            1 => State::Shipped(format!("TRK{i:08}")),
+            _ => State::Cancelled { code: i as u16 },
+        },
+        blob: (0..size).map(|k| (k as u64 ^ i) as u8).collect(),
+        extra: (-(i as i32), i as f64 / 3.0, i % 2 == 0, char::from_u32(0x41 + (i % 26) as u32).unwrap_or('A')),
+    }
+}
+
+/// Nested serde types round-trip both ways at once, small and large.
+pub fn typed_roundtrip(t: &Transport) {
+    let (client, server) = t.pair();
+    let (ctx, crx) = client.split::<Order, Order>();
+    let (stx, srx) = server.split::<Order, Order>();
+    let echo = thread::spawn(move || {
+        for o in srx.iter() {
+            stx.send(o).expect("echo");
+        }
+    });
+    let max = 200 * 1024;
+    for i in 0..300u64 {
+        let size = [0, 10, 1000, 60_000, max][(i % 5) as usize];
+        let o = order(i, size);
+        ctx.send(o.clone()).expect("send");
+        assert_eq!(crx.recv_timeout(Duration::from_secs(10)).expect("reply"), o);
+    }
+    drop(ctx);
+    echo.join().expect("echo thread");
+    assert!(matches!(crx.recv_timeout(Duration::from_secs(10)), Err(TypedRecvError::Recv(RecvError::Disconnected))));
+}
+
+/// Borrowed message type for [`borrowed_receive`].
+#[derive(Debug, Serialize, Deserialize, yoke::Yokeable)]
+pub struct Record<'a> {
+    /// Key.
+    pub key: &'a str,
+    /// Value bytes.
+    #[serde(with = "serde_bytes_compat")]
+    pub value: &'a [u8],
+    /// Counter.
+    pub n: u64,
+}
+
+mod serde_bytes_compat {
+    //! Borrow `&[u8]` as a length-prefixed byte string (not a sequence).
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<&'de [u8], D::Error> {
+        <&'de [u8]>::deserialize(d)
+    }
+}
+
+/// `recv_ref` gives fields that point into the receive buffer itself, and
+/// the buffer goes back (and its credit with it) when the guard drops.
+pub fn borrowed_receive(t: &Transport, window: u32) {
+    let (client, server) = t.pair();
+    let (tx, _r) = client.split::<Record<'static>, ()>();
+    let (_s, rx) = server.split::<(), Record<'static>>();
+    let payload = vec![7u8; 3000];
+    // More messages than the window: guards must give their credit back.
+    for n in 0..(3 * u64::from(window)) {
+        let key = format!("key-{n}");
+        tx.send_borrowed(&Record { key: &key, value: &payload, n }).expect("send");
+        let guard = rx.recv_ref_timeout(Duration::from_secs(10)).expect("recv_ref");
+        let rec = guard.get();
+        assert_eq!((rec.key, rec.n), (key.as_str(), n));
+        assert_eq!(rec.value, &payload[..]);
+        let range = guard.bytes().as_ptr_range();
+        assert!(range.contains(&rec.key.as_ptr()), "key is borrowed from the receive buffer");
+        assert!(range.contains(&rec.value.as_ptr()), "value is borrowed from the receive buffer");
+    }
+    drop((tx, rx));
+    t.assert_pool_drained(Duration::from_secs(10));
+}
+
+/// A message that does not decode as `T` is a typed error, and the
+/// connection keeps working.
+pub fn bad_message_is_typed_error(t: &Transport) {
+    let (client, server) = t.pair();
+    let mut buf = client.alloc(3).expect("alloc");
+    buf.copy_from_slice(&[0xff, 0xff, 0xff]);
+    client.send(buf).expect("send raw");
+    let (tx, _r) = client.split::<Order, ()>();
+    tx.send(order(1, 8)).expect("send typed");
+    let (_s, rx) = server.split::<(), Order>();
+    assert!(matches!(rx.recv_timeout(Duration::from_secs(10)), Err(TypedRecvError::Decode(_))));
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).expect("next message"), order(1, 8));
+}
+
+/// Oversized messages are refused before sending and handed back.
+pub fn oversize_is_rejected(t: &Transport) {
+    let (client, _server) = t.pair();
+    let max = client.max_message();
+    assert!(matches!(client.alloc(max + 1), Err(zerocast::PoolError::TooLarge { .. })));
+    let (tx, _r) = client.split::<Vec<u8>, ()>();
+    let big = vec![1u8; max + 10];
+    match tx.send(big) {
+        Err(SendError::Rejected(back, _)) => assert_eq!(back.len(), max + 10),
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+}

@@ -1,0 +1,60 @@
+//! The conformance suite over every transport built into the host build.
+
+use zerocast_tests::{suite, Transport};
+
+macro_rules! conformance {
+    ($name:ident, $uri:expr) => {
+        mod $name {
+            use super::*;
+
+            const WINDOW: u32 = 16;
+
+            fn transport() -> Transport {
+                Transport::new($uri, WINDOW)
+            }
+
+            #[test]
+            fn integrity_1m_mixed_sizes() {
+                suite::integrity(&transport(), 1_000_000);
+            }
+
+            #[test]
+            fn backpressure() {
+                suite::backpressure(&transport(), WINDOW);
+            }
+
+            #[test]
+            fn disconnect() {
+                suite::disconnect(&transport());
+            }
+
+            #[test]
+            fn typed_disconnect() {
+                suite::typed_disconnect(&transport());
+            }
+
+            #[test]
+            fn typed_roundtrip() {
+                suite::typed_roundtrip(&transport());
+            }
+
+            #[test]
+            fn borrowed_receive() {
+                suite::borrowed_receive(&transport(), WINDOW);
+            }
+
+            #[test]
+            fn bad_message_is_typed_error() {
+                suite::bad_message_is_typed_error(&transport());
+            }
+
+            #[test]
+            fn oversize_is_rejected() {
+                suite::oversize_is_rejected(&transport());
+            }
+        }
+    };
+}
+
+conformance!(mem, "mem://conformance-{n}");
+conformance!(tcp, "tcp://127.0.0.1:0");

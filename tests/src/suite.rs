@@ -204,7 +204,8 @@ pub fn order(i: u64, size: usize) -> Order {
     lines.insert(format!("sku-{i}"), vec![Line { qty: i as u32, cents: -(i as i64) }]);
     Order {
         id: i,
-        customer: (i % 3 != 0).then(|| Customer { name: format!("customer {i}"), tags: vec!["vip".into(); (i % 4) as usize] }),
+        customer: (i % 3 != 0)
+            .then(|| Customer { name: format!("customer {i}"), tags: vec!["vip".into(); (i % 4) as usize] }),
         lines,
         state: match i % 3 {
             0 => State::New,
@@ -212,7 +213,12 @@ pub fn order(i: u64, size: usize) -> Order {
             _ => State::Cancelled { code: i as u16 },
         },
         blob: (0..size).map(|k| (k as u64 ^ i) as u8).collect(),
-        extra: (-(i as i32), i as f64 / 3.0, i % 2 == 0, char::from_u32(0x41 + (i % 26) as u32).unwrap_or('A')),
+        extra: (
+            -(i as i32),
+            i as f64 / 3.0,
+            i % 2 == 0,
+            char::from_u32(0x41 + (i % 26) as u32).unwrap_or('A'),
+        ),
     }
 }
 
@@ -235,7 +241,10 @@ pub fn typed_roundtrip(t: &Transport) {
     }
     drop(ctx);
     echo.join().expect("echo thread");
-    assert!(matches!(crx.recv_timeout(Duration::from_secs(10)), Err(TypedRecvError::Recv(RecvError::Disconnected))));
+    assert!(matches!(
+        crx.recv_timeout(Duration::from_secs(10)),
+        Err(TypedRecvError::Recv(RecvError::Disconnected))
+    ));
 }
 
 /// Borrowed message type for [`borrowed_receive`].

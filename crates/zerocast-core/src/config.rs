@@ -35,10 +35,7 @@ impl LinkConfig {
             )));
         }
         if self.max_payload == 0 || self.max_payload > u64::from(u32::MAX) {
-            return Err(ConfigError(format!(
-                "max_payload {} must be within 1..=4 GiB",
-                self.max_payload
-            )));
+            return Err(ConfigError(format!("max_payload {} must be within 1..=4 GiB", self.max_payload)));
         }
         if self.max_batch == 0 || self.max_batch > 1024 {
             return Err(ConfigError(format!("max_batch {} must be within 1..=1024", self.max_batch)));

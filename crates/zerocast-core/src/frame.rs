@@ -140,8 +140,8 @@ impl Header {
         if version != VERSION {
             return Err(FrameError::BadVersion { found: version });
         }
-        let kind = FrameKind::from_nibble(b[1] & 0x0f)
-            .ok_or(FrameError::UnknownKind { found: b[1] & 0x0f })?;
+        let kind =
+            FrameKind::from_nibble(b[1] & 0x0f).ok_or(FrameError::UnknownKind { found: b[1] & 0x0f })?;
         let credits = u16::from_le_bytes([b[2], b[3]]);
         let seq = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
         let len = u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]);

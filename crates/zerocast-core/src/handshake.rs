@@ -64,10 +64,8 @@ impl Hello {
     /// Decode and validate. Extra trailing bytes (rdma_cm pads private data)
     /// are ignored.
     pub fn decode(b: &[u8]) -> Result<Hello, HandshakeError> {
-        let b: &[u8; HELLO_LEN] = b
-            .get(..HELLO_LEN)
-            .and_then(|s| s.try_into().ok())
-            .ok_or(HandshakeError::NotHello)?;
+        let b: &[u8; HELLO_LEN] =
+            b.get(..HELLO_LEN).and_then(|s| s.try_into().ok()).ok_or(HandshakeError::NotHello)?;
         if b[..3] != HELLO_MAGIC {
             return Err(HandshakeError::NotHello);
         }

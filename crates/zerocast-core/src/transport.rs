@@ -28,8 +28,7 @@ impl Caps {
     /// A reliable, ordered stream with no multicast or one-sided access.
     pub const STREAM: Caps = Caps { reliable: true, ordered: true, multicast: false, one_sided: false };
     /// Best-effort datagrams that may join multicast groups.
-    pub const DATAGRAM: Caps =
-        Caps { reliable: false, ordered: false, multicast: true, one_sided: false };
+    pub const DATAGRAM: Caps = Caps { reliable: false, ordered: false, multicast: true, one_sided: false };
 }
 
 /// A buffer that a send takes by value. It stays out of the pool until the

@@ -156,8 +156,8 @@ impl Endpoint {
         let (host, port) = if scheme == Scheme::Mem {
             (authority.to_owned(), None)
         } else {
-            let (host, port) = split_host_port(authority)
-                .ok_or_else(|| UriError::MissingPort(s.to_owned()))?;
+            let (host, port) =
+                split_host_port(authority).ok_or_else(|| UriError::MissingPort(s.to_owned()))?;
             let port = port.parse::<u16>().map_err(|_| UriError::BadPort(s.to_owned()))?;
             (host.to_owned(), Some(port))
         };
@@ -215,8 +215,7 @@ impl Endpoint {
     pub fn param_as<T: FromStr>(&self, key: &str) -> Result<Option<T>, UriError> {
         self.param(key)
             .map(|v| {
-                v.parse::<T>()
-                    .map_err(|_| UriError::BadValue { key: key.to_owned(), value: v.to_owned() })
+                v.parse::<T>().map_err(|_| UriError::BadValue { key: key.to_owned(), value: v.to_owned() })
             })
             .transpose()
     }
@@ -327,10 +326,7 @@ mod tests {
         assert!(matches!(Endpoint::parse("tcp://a:99999"), Err(UriError::BadPort(_))));
         assert!(matches!(Endpoint::parse("tcp://:80"), Err(UriError::MissingHost(_))));
         assert!(matches!(Endpoint::parse("mem://"), Err(UriError::MissingHost(_))));
-        assert!(matches!(
-            Endpoint::parse("tcp://a:1?iface=x"),
-            Err(UriError::UnknownParam { .. })
-        ));
+        assert!(matches!(Endpoint::parse("tcp://a:1?iface=x"), Err(UriError::UnknownParam { .. })));
         assert!(matches!(Endpoint::parse("tcp://a:1?window"), Err(UriError::BadParam(_))));
         let e = Endpoint::parse("tcp://a:1?window=x").unwrap();
         assert!(matches!(e.param_as::<u32>("window"), Err(UriError::BadValue { .. })));

@@ -138,16 +138,10 @@ impl UdpConfig {
     pub fn validate(&self, pool: &Pool) -> Result<(), UdpError> {
         let bad = |m: String| Err(UdpError::Config(m));
         if self.max_datagram == 0 || self.max_datagram > MAX_DATAGRAM {
-            return bad(format!(
-                "max_datagram {} is outside 1..={MAX_DATAGRAM}",
-                self.max_datagram
-            ));
+            return bad(format!("max_datagram {} is outside 1..={MAX_DATAGRAM}", self.max_datagram));
         }
         if self.multicast_ttl > 255 {
-            return bad(format!(
-                "multicast_ttl {} is outside 0..=255",
-                self.multicast_ttl
-            ));
+            return bad(format!("multicast_ttl {} is outside 0..=255", self.multicast_ttl));
         }
         let need = rx_len(self.max_datagram);
         if pool.class_for(need).is_none() {
@@ -248,21 +242,12 @@ impl UdpSocket {
 
     fn open(plan: &Plan, pool: Pool, cfg: &UdpConfig, reuse: bool) -> Result<UdpSocket, UdpError> {
         let addr = plan.bind;
-        let opt = |option| {
-            move |source| UdpError::SocketOption {
-                option,
-                addr,
-                source,
-            }
-        };
+        let opt = |option| move |source| UdpError::SocketOption { option, addr, source };
         let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))
             .map_err(|source| UdpError::Bind { addr, source })?;
         if reuse {
             s.set_reuse_address(true).map_err(opt("SO_REUSEADDR"))?;
-            #[cfg(all(
-                unix,
-                not(any(target_os = "solaris", target_os = "illumos", target_os = "cygwin"))
-            ))]
+            #[cfg(all(unix, not(any(target_os = "solaris", target_os = "illumos", target_os = "cygwin"))))]
             s.set_reuse_port(true).map_err(opt("SO_REUSEPORT"))?;
         }
         if let Some(n) = cfg.recv_buffer {
@@ -271,12 +256,9 @@ impl UdpSocket {
         if let Some(n) = cfg.send_buffer {
             s.set_send_buffer_size(n).map_err(opt("SO_SNDBUF"))?;
         }
-        s.bind(&SockAddr::from(addr))
-            .map_err(|source| UdpError::Bind { addr, source })?;
+        s.bind(&SockAddr::from(addr)).map_err(|source| UdpError::Bind { addr, source })?;
         let sock: std::net::UdpSocket = s.into();
-        let local = sock
-            .local_addr()
-            .map_err(|source| UdpError::Bind { addr, source })?;
+        let local = sock.local_addr().map_err(|source| UdpError::Bind { addr, source })?;
         tracing::debug!(%local, iface = %plan.iface, max_datagram = cfg.max_datagram, "udp socket open");
         Ok(UdpSocket {
             sock,
@@ -294,45 +276,31 @@ impl UdpSocket {
     fn set_multicast_options(&self, plan: &Plan) -> Result<(), UdpError> {
         let s = SockRef::from(&self.sock);
         let addr = self.local;
-        let opt = |option| {
-            move |source| UdpError::SocketOption {
-                option,
-                addr,
-                source,
-            }
-        };
+        let opt = |option| move |source| UdpError::SocketOption { option, addr, source };
         match plan.iface {
             Iface::V4(a) => {
-                s.set_multicast_if_v4(&a)
-                    .map_err(|source| UdpError::Interface {
+                s.set_multicast_if_v4(&a).map_err(|source| UdpError::Interface {
+                    iface: plan.iface.to_string(),
+                    addr,
+                    source,
+                })?;
+                s.set_multicast_loop_v4(plan.mcast_loop).map_err(opt("IP_MULTICAST_LOOP"))?;
+                s.set_multicast_ttl_v4(plan.ttl).map_err(opt("IP_MULTICAST_TTL"))?;
+                #[cfg(target_os = "linux")]
+                s.set_multicast_all_v4(false).map_err(opt("IP_MULTICAST_ALL"))?;
+            }
+            Iface::V6(index) => {
+                if let Some(i) = index {
+                    s.set_multicast_if_v6(i).map_err(|source| UdpError::Interface {
                         iface: plan.iface.to_string(),
                         addr,
                         source,
                     })?;
-                s.set_multicast_loop_v4(plan.mcast_loop)
-                    .map_err(opt("IP_MULTICAST_LOOP"))?;
-                s.set_multicast_ttl_v4(plan.ttl)
-                    .map_err(opt("IP_MULTICAST_TTL"))?;
-                #[cfg(target_os = "linux")]
-                s.set_multicast_all_v4(false)
-                    .map_err(opt("IP_MULTICAST_ALL"))?;
-            }
-            Iface::V6(index) => {
-                if let Some(i) = index {
-                    s.set_multicast_if_v6(i)
-                        .map_err(|source| UdpError::Interface {
-                            iface: plan.iface.to_string(),
-                            addr,
-                            source,
-                        })?;
                 }
-                s.set_multicast_loop_v6(plan.mcast_loop)
-                    .map_err(opt("IPV6_MULTICAST_LOOP"))?;
-                s.set_multicast_hops_v6(plan.ttl)
-                    .map_err(opt("IPV6_MULTICAST_HOPS"))?;
+                s.set_multicast_loop_v6(plan.mcast_loop).map_err(opt("IPV6_MULTICAST_LOOP"))?;
+                s.set_multicast_hops_v6(plan.ttl).map_err(opt("IPV6_MULTICAST_HOPS"))?;
                 #[cfg(target_os = "linux")]
-                s.set_multicast_all_v6(false)
-                    .map_err(opt("IPV6_MULTICAST_ALL"))?;
+                s.set_multicast_all_v6(false).map_err(opt("IPV6_MULTICAST_ALL"))?;
             }
         }
         Ok(())
@@ -355,13 +323,7 @@ impl UdpSocket {
     pub fn send_to(&self, buf: Buf, to: &SocketAddr) -> Result<(), (Buf, UdpError)> {
         let len = buf.len();
         if len > self.max_datagram {
-            return Err((
-                buf,
-                UdpError::TooLarge {
-                    len,
-                    max: self.max_datagram,
-                },
-            ));
+            return Err((buf, UdpError::TooLarge { len, max: self.max_datagram }));
         }
         let hdr = datagram::header(self.seq.fetch_add(1, Relaxed), len);
         let dest = SockAddr::from(*to);
@@ -371,10 +333,7 @@ impl UdpSocket {
             match sock.send_to_vectored(&iov, &dest) {
                 Ok(n) if n == HEADER_LEN + len => break Ok(()),
                 Ok(n) => {
-                    break Err(io::Error::other(format!(
-                        "the OS sent {n} of {} bytes",
-                        HEADER_LEN + len
-                    )))
+                    break Err(io::Error::other(format!("the OS sent {n} of {} bytes", HEADER_LEN + len)))
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 // Only while a `try_recv_from` has the socket nonblocking.
@@ -383,14 +342,7 @@ impl UdpSocket {
             }
         };
         if let Err(source) = sent {
-            return Err((
-                buf,
-                UdpError::Send {
-                    to: *to,
-                    len,
-                    source,
-                },
-            ));
+            return Err((buf, UdpError::Send { to: *to, len, source }));
         }
         self.counters.sent.fetch_add(1, Relaxed);
         Ok(())
@@ -406,10 +358,7 @@ impl UdpSocket {
     /// for a pool buffer or for another receiving thread);
     /// [`RecvError::Failed`] on a socket error or a pool error other than a
     /// timeout.
-    pub fn recv_from(
-        &self,
-        deadline: Option<Instant>,
-    ) -> Result<(RecvDatagram, SocketAddr), RecvError> {
+    pub fn recv_from(&self, deadline: Option<Instant>) -> Result<(RecvDatagram, SocketAddr), RecvError> {
         self.recv(Mode::Block(deadline))
     }
 
@@ -450,8 +399,7 @@ impl UdpSocket {
                             .ok_or(RecvError::Timeout)?,
                     ),
                 };
-                turn.set_timeout(&self.sock, timeout)
-                    .map_err(|e| RecvError::Failed(e.into()))?;
+                turn.set_timeout(&self.sock, timeout).map_err(|e| RecvError::Failed(e.into()))?;
             }
             let (n, from) = match self.sock.recv_from(&mut buf.spare_capacity()[..rx_len]) {
                 Ok(r) => r,
@@ -493,11 +441,7 @@ impl UdpSocket {
             (IpAddr::V6(g), Iface::V6(Some(i))) => self.sock.join_multicast_v6(&g, i),
             _ => unreachable!("checked by membership()"),
         };
-        r.map_err(|source| UdpError::Join {
-            group: ip,
-            iface: iface.to_string(),
-            source,
-        })?;
+        r.map_err(|source| UdpError::Join { group: ip, iface: iface.to_string(), source })?;
         tracing::debug!(local = %self.local, group = %ip, %iface, "joined multicast group");
         Ok(())
     }
@@ -511,11 +455,7 @@ impl UdpSocket {
             (IpAddr::V6(g), Iface::V6(Some(i))) => self.sock.leave_multicast_v6(&g, i),
             _ => unreachable!("checked by membership()"),
         };
-        r.map_err(|source| UdpError::Leave {
-            group: ip,
-            iface: iface.to_string(),
-            source,
-        })?;
+        r.map_err(|source| UdpError::Leave { group: ip, iface: iface.to_string(), source })?;
         tracing::debug!(local = %self.local, group = %ip, %iface, "left multicast group");
         Ok(())
     }
@@ -526,14 +466,9 @@ impl UdpSocket {
             return Err(UdpError::NotMulticast(ip));
         }
         match (ip, self.iface) {
-            (IpAddr::V4(_), Iface::V4(_)) | (IpAddr::V6(_), Iface::V6(Some(_))) => {
-                Ok((ip, self.iface))
-            }
+            (IpAddr::V4(_), Iface::V4(_)) | (IpAddr::V6(_), Iface::V6(Some(_))) => Ok((ip, self.iface)),
             (IpAddr::V6(_), Iface::V6(None)) => Err(UdpError::NoInterface { group: ip }),
-            _ => Err(UdpError::FamilyMismatch {
-                addr: *group,
-                local: self.local,
-            }),
+            _ => Err(UdpError::FamilyMismatch { addr: *group, local: self.local }),
         }
     }
 
@@ -568,8 +503,7 @@ struct NonBlocking<'a>(&'a std::net::UdpSocket);
 
 impl<'a> NonBlocking<'a> {
     fn new(sock: &'a std::net::UdpSocket) -> Result<Self, RecvError> {
-        sock.set_nonblocking(true)
-            .map_err(|e| RecvError::Failed(e.into()))?;
+        sock.set_nonblocking(true).map_err(|e| RecvError::Failed(e.into()))?;
         Ok(Self(sock))
     }
 }
@@ -616,10 +550,7 @@ impl Datagram for UdpSocket {
         UdpSocket::send_to(self, buf, to)
     }
 
-    fn recv_from(
-        &self,
-        deadline: Option<Instant>,
-    ) -> Result<(RecvDatagram, SocketAddr), RecvError> {
+    fn recv_from(&self, deadline: Option<Instant>) -> Result<(RecvDatagram, SocketAddr), RecvError> {
         UdpSocket::recv_from(self, deadline)
     }
 

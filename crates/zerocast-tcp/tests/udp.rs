@@ -25,12 +25,7 @@ const WAIT: Duration = Duration::from_secs(3);
 fn random() -> u64 {
     let mut h = RandomState::new().build_hasher();
     h.write_u32(std::process::id());
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos(),
-    );
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
     h.finish()
 }
 
@@ -47,11 +42,7 @@ fn unicast() -> UdpSocket {
 }
 
 fn member(group: SocketAddr) -> Result<UdpSocket, UdpError> {
-    UdpSocket::multicast(
-        &ep(&format!("mcast://{group}?iface=127.0.0.1")),
-        pool(),
-        UdpConfig::default(),
-    )
+    UdpSocket::multicast(&ep(&format!("mcast://{group}?iface=127.0.0.1")), pool(), UdpConfig::default())
 }
 
 /// A random group 239.x.y.z and port, and its first member. Retries if the
@@ -60,22 +51,14 @@ fn fresh_group() -> (SocketAddr, UdpSocket) {
     let mut last = None;
     for _ in 0..10 {
         let r = random();
-        let ip = Ipv4Addr::new(
-            239,
-            1 + (r % 254) as u8,
-            (r >> 8) as u8,
-            1 + ((r >> 16) % 254) as u8,
-        );
+        let ip = Ipv4Addr::new(239, 1 + (r % 254) as u8, (r >> 8) as u8, 1 + ((r >> 16) % 254) as u8);
         let group = SocketAddr::new(IpAddr::V4(ip), 20_000 + ((r >> 24) % 40_000) as u16);
         match member(group) {
             Ok(s) => return (group, s),
             Err(e) => last = Some(e),
         }
     }
-    panic!(
-        "cannot create a multicast member on loopback: {:?}",
-        last.unwrap()
-    );
+    panic!("cannot create a multicast member on loopback: {:?}", last.unwrap());
 }
 
 fn payload(i: usize, len: usize) -> Vec<u8> {
@@ -105,41 +88,20 @@ fn expect(s: &UdpSocket, what: &str) -> (RecvDatagram, SocketAddr) {
 fn assert_quiet(s: &UdpSocket, what: &str) {
     match s.recv_from(Some(Instant::now() + Duration::from_millis(300))) {
         Err(RecvError::Timeout) => {}
-        Ok((d, from)) => panic!(
-            "{what}: got {} bytes (seq {}) from {from}",
-            d.len(),
-            d.seq()
-        ),
+        Ok((d, from)) => panic!("{what}: got {} bytes (seq {}) from {from}", d.len(), d.seq()),
         Err(e) => panic!("{what}: {e:?}"),
     }
 }
 
 fn assert_pool_idle(s: &UdpSocket) {
     let st = s.pool().stats();
-    assert_eq!(
-        (st.buffers_in_use, st.buffers_free),
-        (0, st.buffers_total),
-        "{st:?}"
-    );
+    assert_eq!((st.buffers_in_use, st.buffers_free), (0, st.buffers_total), "{st:?}");
 }
 
 #[test]
 fn unicast_round_trip_of_many_sizes() {
     let (a, b) = (unicast(), unicast());
-    let sizes = [
-        0,
-        1,
-        15,
-        16,
-        17,
-        511,
-        512,
-        1472,
-        8192,
-        9000,
-        65_000,
-        MAX_DATAGRAM,
-    ];
+    let sizes = [0, 1, 15, 16, 17, 511, 512, 1472, 8192, 9000, 65_000, MAX_DATAGRAM];
     for (i, &len) in sizes.iter().enumerate() {
         let data = payload(i, len);
         send(&a, &data, b.local_addr());
@@ -151,14 +113,7 @@ fn unicast_round_trip_of_many_sizes() {
         assert_eq!(d.as_ptr() as u64, d.buf().addr() + HEADER_LEN as u64);
     }
     let n = sizes.len() as u64;
-    assert_eq!(
-        (
-            a.stats().sent,
-            b.stats().received,
-            b.stats().dropped_malformed
-        ),
-        (n, n, 0)
-    );
+    assert_eq!((a.stats().sent, b.stats().received, b.stats().dropped_malformed), (n, n, 0));
     assert_pool_idle(&a);
     assert_pool_idle(&b);
 }
@@ -195,9 +150,7 @@ fn generic_round_trip<D: Datagram<Addr = SocketAddr>>(a: &D, b: &D) {
     // Too large for the datagram: the buffer comes back through the trait too.
     let mut big = a.alloc(a.max_datagram() + 1, None).unwrap();
     big[0] = 42;
-    let Err((big, _)) = a.send_to(big, &b.local_addr()) else {
-        panic!("an oversize send went through")
-    };
+    let Err((big, _)) = a.send_to(big, &b.local_addr()) else { panic!("an oversize send went through") };
     assert_eq!((big.len(), big[0]), (a.max_datagram() + 1, 42));
     assert!(cap >= 64);
 }
@@ -219,16 +172,7 @@ fn oversize_send_hands_the_buffer_back() {
     let mut buf = a.pool().alloc(1001, Wait::No).unwrap();
     buf.copy_from_slice(&data);
     let (mut buf, e) = a.send_to(buf, &b.local_addr()).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            UdpError::TooLarge {
-                len: 1001,
-                max: 1000
-            }
-        ),
-        "{e:?}"
-    );
+    assert!(matches!(e, UdpError::TooLarge { len: 1001, max: 1000 }), "{e:?}");
     assert!(e.to_string().contains("max_datagram"), "{e}");
     assert!(buf[..] == data[..], "the buffer came back unchanged");
     // The same buffer, trimmed to the limit, goes through.
@@ -251,15 +195,13 @@ fn hostile_bytes_are_dropped_and_counted() {
         vec![],
         vec![0x5A],
         good[..15].to_vec(),
-        good.to_vec(),                 // announces 3 bytes, has 0
-        [&good[..], b"ab"].concat(),   // announces 3, has 2
-        [&good[..], b"abcd"].concat(), // announces 3, has 4
+        good.to_vec(),                                             // announces 3 bytes, has 0
+        [&good[..], b"ab"].concat(),                               // announces 3, has 2
+        [&good[..], b"abcd"].concat(),                             // announces 3, has 4
         Header::new(FrameKind::Credit, 5, 0, 0).encode().to_vec(), // not a datagram kind
         [&Header::new(FrameKind::Control, 0, 0, 1).encode()[..], b"x"].concat(),
-        Header::new(FrameKind::Data, 0, 0, u64::MAX)
-            .encode()
-            .to_vec(), // absurd length
-        [&good[..1], &[0x90], &good[2..], b"abc"].concat(), // bad version
+        Header::new(FrameKind::Data, 0, 0, u64::MAX).encode().to_vec(), // absurd length
+        [&good[..1], &[0x90], &good[2..], b"abc"].concat(),             // bad version
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
     ];
     let mut r = random() | 1;
@@ -282,10 +224,7 @@ fn hostile_bytes_are_dropped_and_counted() {
     let tx = unicast();
     send(&tx, b"still here", rx.local_addr());
     let (d, from) = expect(&rx, "the good datagram after the junk");
-    assert_eq!(
-        (&*d, d.seq(), from),
-        (&b"still here"[..], 0, tx.local_addr())
-    );
+    assert_eq!((&*d, d.seq(), from), (&b"still here"[..], 0, tx.local_addr()));
     let st = rx.stats();
     assert_eq!((st.received, st.dropped_malformed), (1, junk.len() as u64));
     assert!(matches!(rx.try_recv_from(), Err(RecvError::Empty)));
@@ -307,10 +246,7 @@ fn multicast_two_receivers_in_one_process() {
         for _ in 0..N {
             let (d, from) = expect(r, name);
             let i = d.seq() as usize;
-            assert!(
-                *d == payload(i, 100 + i)[..],
-                "{name}: datagram {i} differs"
-            );
+            assert!(*d == payload(i, 100 + i)[..], "{name}: datagram {i} differs");
             assert_eq!(from, tx.local_addr());
             seqs.push(i);
         }
@@ -329,12 +265,7 @@ fn multicast_across_processes() {
     const N: usize = 20;
     let (group, mine) = fresh_group();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "multicast_across_processes",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", "multicast_across_processes", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, format!("{group}:{N}"))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -352,8 +283,7 @@ fn multicast_across_processes() {
             }
         }
     });
-    let next = |what: &str, child: &mut std::process::Child| match lines
-        .recv_timeout(Duration::from_secs(10))
+    let next = |what: &str, child: &mut std::process::Child| match lines.recv_timeout(Duration::from_secs(10))
     {
         Ok(l) => l,
         Err(e) => {
@@ -369,9 +299,7 @@ fn multicast_across_processes() {
     for i in 0..N {
         send(&tx, &payload(i, 200 + i), group);
     }
-    let mut mine_got: Vec<usize> = (0..N)
-        .map(|_| expect(&mine, "parent member").0.seq() as usize)
-        .collect();
+    let mut mine_got: Vec<usize> = (0..N).map(|_| expect(&mine, "parent member").0.seq() as usize).collect();
     mine_got.sort_unstable();
     assert_eq!(mine_got, (0..N).collect::<Vec<_>>());
 
@@ -396,11 +324,7 @@ fn multicast_across_processes() {
     }
     assert!(child.wait().unwrap().success(), "child receiver failed");
     child_got.sort_unstable();
-    assert_eq!(
-        child_got,
-        (0..N).collect::<Vec<_>>(),
-        "the other process missed datagrams"
-    );
+    assert_eq!(child_got, (0..N).collect::<Vec<_>>(), "the other process missed datagrams");
 }
 
 /// The child side of `multicast_across_processes`: join, say so, report
@@ -459,9 +383,8 @@ fn any_socket_can_join_a_group() {
     s.join(&to).unwrap();
     let tx = unicast();
     send(&tx, b"to the group", to);
-    let (d, _) = s
-        .recv_from(Some(Instant::now() + WAIT))
-        .expect("the joined unicast socket received nothing");
+    let (d, _) =
+        s.recv_from(Some(Instant::now() + WAIT)).expect("the joined unicast socket received nothing");
     assert_eq!(&*d, b"to the group");
     s.leave(&to).unwrap();
     send(&tx, b"after leave", to);
@@ -472,9 +395,7 @@ fn any_socket_can_join_a_group() {
 fn hostile_bytes_to_a_group_are_dropped() {
     let (group, r) = fresh_group();
     let raw = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    socket2::SockRef::from(&raw)
-        .set_multicast_if_v4(&Ipv4Addr::LOCALHOST)
-        .unwrap();
+    socket2::SockRef::from(&raw).set_multicast_if_v4(&Ipv4Addr::LOCALHOST).unwrap();
     for d in [&b""[..], b"junk", &[0x5A; 40]] {
         raw.send_to(d, group).unwrap();
     }
@@ -490,39 +411,24 @@ fn concurrent_receivers_take_turns_without_hanging() {
     let threads: Vec<_> = (0..2)
         .map(|_| {
             let rx = Arc::clone(&rx);
-            std::thread::spawn(move || {
-                rx.recv_from(Some(Instant::now() + WAIT))
-                    .map(|(d, _)| d.to_vec())
-            })
+            std::thread::spawn(move || rx.recv_from(Some(Instant::now() + WAIT)).map(|(d, _)| d.to_vec()))
         })
         .collect();
     std::thread::sleep(Duration::from_millis(50));
     let tx = unicast();
     send(&tx, b"a", rx.local_addr());
     send(&tx, b"b", rx.local_addr());
-    let mut got: Vec<Vec<u8>> = threads
-        .into_iter()
-        .map(|t| t.join().unwrap().unwrap())
-        .collect();
+    let mut got: Vec<Vec<u8>> = threads.into_iter().map(|t| t.join().unwrap().unwrap()).collect();
     got.sort();
     assert_eq!(got, [b"a".to_vec(), b"b".to_vec()]);
     // A short deadline is honoured even while another thread holds the turn.
     let rx2 = Arc::clone(&rx);
-    let long = std::thread::spawn(move || {
-        rx2.recv_from(Some(Instant::now() + Duration::from_millis(500)))
-            .is_err()
-    });
+    let long =
+        std::thread::spawn(move || rx2.recv_from(Some(Instant::now() + Duration::from_millis(500))).is_err());
     std::thread::sleep(Duration::from_millis(50));
     let start = Instant::now();
-    assert!(matches!(
-        rx.recv_from(Some(start + Duration::from_millis(50))),
-        Err(RecvError::Timeout)
-    ));
-    assert!(
-        start.elapsed() < Duration::from_millis(400),
-        "{:?}",
-        start.elapsed()
-    );
+    assert!(matches!(rx.recv_from(Some(start + Duration::from_millis(50))), Err(RecvError::Timeout)));
+    assert!(start.elapsed() < Duration::from_millis(400), "{:?}", start.elapsed());
     assert!(matches!(rx.try_recv_from(), Err(RecvError::Empty)));
     assert!(long.join().unwrap());
 }
@@ -553,17 +459,9 @@ fn bad_endpoints_are_typed_errors() {
         Err(e @ UdpError::BadEndpoint { .. }) => e.to_string(),
         other => panic!("expected BadEndpoint, got {other:?}"),
     };
-    let m = bad(UdpSocket::multicast(
-        &ep("mcast://10.1.1.1:5000"),
-        pool(),
-        UdpConfig::default(),
-    ));
+    let m = bad(UdpSocket::multicast(&ep("mcast://10.1.1.1:5000"), pool(), UdpConfig::default()));
     assert!(m.contains("not a multicast group"), "{m}");
-    let m = bad(UdpSocket::bind(
-        &ep("mcast://239.1.1.1:5000"),
-        pool(),
-        UdpConfig::default(),
-    ));
+    let m = bad(UdpSocket::bind(&ep("mcast://239.1.1.1:5000"), pool(), UdpConfig::default()));
     assert!(m.contains("ud://host:port"), "{m}");
     // An interface that is no local address: the join says what to check.
     let r = random();
@@ -576,18 +474,10 @@ fn bad_endpoints_are_typed_errors() {
     )
     .unwrap_err();
     assert!(matches!(e, UdpError::Join { .. }), "{e:?}");
-    assert!(
-        e.to_string()
-            .contains("is multicast enabled on that interface"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("is multicast enabled on that interface"), "{e}");
     // A pool too small for the configured datagrams is refused up front.
-    let small = Pool::unregistered(
-        PoolConfig::default()
-            .with_classes([512])
-            .with_max_bytes(8 << 20),
-    )
-    .unwrap();
+    let small =
+        Pool::unregistered(PoolConfig::default().with_classes([512]).with_max_bytes(8 << 20)).unwrap();
     let e = UdpSocket::bind(&ep("ud://127.0.0.1:0"), small, UdpConfig::default()).unwrap_err();
     assert!(matches!(e, UdpError::Config(_)), "{e:?}");
 }
@@ -620,8 +510,5 @@ fn ipv6_group_membership_on_loopback() {
     assert_eq!(g.ip(), group.parse::<IpAddr>().unwrap());
     s.leave(&g).unwrap();
     s.join(&g).unwrap();
-    assert!(matches!(
-        s.join(&"239.1.1.1:1".parse().unwrap()),
-        Err(UdpError::FamilyMismatch { .. })
-    ));
+    assert!(matches!(s.join(&"239.1.1.1:1".parse().unwrap()), Err(UdpError::FamilyMismatch { .. })));
 }

@@ -94,7 +94,10 @@ mod tests {
         let back: Msg<'_> = Bincode.decode(&out[..n]).unwrap();
         assert_eq!(back, m);
         assert!(std::ptr::eq(back.name.as_bytes().as_ptr(), out[..n].as_ptr().wrapping_add(2)));
-        assert!(matches!(Bincode.decode::<Msg<'_>>(&out[..n + 1]), Err(CodecError::Trailing { trailing: 1 })));
+        assert!(matches!(
+            Bincode.decode::<Msg<'_>>(&out[..n + 1]),
+            Err(CodecError::Trailing { trailing: 1 })
+        ));
         assert!(matches!(Bincode.encode(&m, &mut out[..3]), Err(CodecError::BufferTooSmall { capacity: 3 })));
         // A huge claimed length is an error, not an allocation.
         let evil = [0xfdu8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x0f];

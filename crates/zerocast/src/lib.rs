@@ -50,12 +50,16 @@ pub use channel::{Receiver, Sender};
 pub use codec::{Bincode, Codec};
 pub use conn::{Connection, Listener};
 pub use context::{connect, global, listen, Config, Zerocast};
-pub use error::{CodecError, ConnError, ConnectError, Error, PoolError, RecvError, SendError, TypedRecvError};
+pub use error::{
+    CodecError, ConnError, ConnectError, Error, PoolError, RecvError, SendError, TypedRecvError,
+};
 
-/// The layers beneath, for users who need them.
-pub use zerocast_core as core;
-pub use zerocast_link::{LinkStats, RecvBuf};
-pub use zerocast_mem::{Buf, Pool, PoolConfig, PoolStats};
-pub use zerocast_core::{Caps, Endpoint, LinkConfig, Scheme};
 /// Derive `Yokeable` on borrowing message types for [`Receiver::recv_ref`].
 pub use yoke;
+/// The layers beneath, for users who need them.
+pub use zerocast_core as core;
+pub use zerocast_core::{Caps, Endpoint, LinkConfig, Scheme};
+pub use zerocast_link::{LinkStats, RecvBuf};
+pub use zerocast_mem::{Buf, Pool, PoolConfig, PoolStats};
+#[cfg(feature = "tcp")]
+pub use zerocast_tcp::TcpConfig;

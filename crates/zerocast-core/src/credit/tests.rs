@@ -153,8 +153,7 @@ impl Pair {
             let in_flight_frames = self.wires[i].len() as u32;
             let returning: u32 = self.wires[1 - i].iter().map(|h| u32::from(h.credits)).sum();
             assert_eq!(
-                s.credits.avail + in_flight_frames + peer.credits.held() + peer.credits.owed()
-                    + returning,
+                s.credits.avail + in_flight_frames + peer.credits.held() + peer.credits.owed() + returning,
                 peer.credits.window(),
                 "credit leaked or duplicated: {self:#?}"
             );
@@ -179,10 +178,7 @@ impl Pair {
                 self.check();
             }
             if !progress {
-                let done = self
-                    .sides
-                    .iter()
-                    .all(|s| s.to_send == 0 && s.unread == 0 && s.said_goodbye)
+                let done = self.sides.iter().all(|s| s.to_send == 0 && s.unread == 0 && s.said_goodbye)
                     && self.wires.iter().all(VecDeque::is_empty);
                 return done.then_some(round);
             }

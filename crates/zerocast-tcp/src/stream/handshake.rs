@@ -22,7 +22,9 @@ pub(super) fn exchange(sock: &Socket, hello: &Hello, timeout: Duration) -> Resul
     r.read_exact(&mut hdr).map_err(timed)?;
     let h = Header::decode(&hdr, HELLO_LEN as u64)?;
     if h.kind != FrameKind::Control || h.len != HELLO_LEN as u64 {
-        return Err(HandshakeError::Frame(format!("expected a {HELLO_LEN}-byte control frame, got {h:?}")).into());
+        return Err(
+            HandshakeError::Frame(format!("expected a {HELLO_LEN}-byte control frame, got {h:?}")).into()
+        );
     }
     let mut body = [0u8; HELLO_LEN];
     r.read_exact(&mut body).map_err(timed)?;

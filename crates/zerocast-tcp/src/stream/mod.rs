@@ -138,7 +138,12 @@ impl TcpTransport {
     }
 
     /// Set up a connected socket: handshake, then start its I/O threads.
-    fn establish(&self, sock: Socket, peer: Endpoint, link_cfg: LinkConfig) -> Result<TcpConnection, ConnectError> {
+    fn establish(
+        &self,
+        sock: Socket,
+        peer: Endpoint,
+        link_cfg: LinkConfig,
+    ) -> Result<TcpConnection, ConnectError> {
         let io_err = |e| ConnectError::Io { endpoint: peer.to_string(), source: e };
         sock.set_nodelay(true).map_err(io_err)?;
         if let Some(n) = self.cfg.send_buffer {
@@ -151,7 +156,13 @@ impl TcpTransport {
         let hello = zerocast_link::hello_for(&link_cfg, buf_size);
         let peer_hello = handshake::exchange(&sock, &hello, self.cfg.handshake_timeout)
             .map_err(|source| ConnectError::Handshake { endpoint: peer.to_string(), source })?;
-        let setup = LinkSetup { config: link_cfg, peer_hello, pool: self.pool.clone(), peer: peer.clone(), repost: false };
+        let setup = LinkSetup {
+            config: link_cfg,
+            peer_hello,
+            pool: self.pool.clone(),
+            peer: peer.clone(),
+            repost: false,
+        };
         let (link, driver, _) = zerocast_link::new(setup)
             .map_err(|source| ConnectError::Handshake { endpoint: peer.to_string(), source })?;
         let sock = Arc::new(sock);
@@ -209,7 +220,8 @@ impl zerocast_core::Transport for TcpTransport {
         let link = self.link_config(ep)?;
         let addr = resolve(ep)?[0];
         let io_err = |e| ConnectError::Io { endpoint: ep.to_string(), source: e };
-        let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(io_err)?;
+        let sock =
+            Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(io_err)?;
         sock.set_reuse_address(true).map_err(io_err)?;
         sock.bind(&SockAddr::from(addr)).map_err(|e| match e.kind() {
             std::io::ErrorKind::AddrInUse => ConnectError::InUse(ep.to_string()),
@@ -272,4 +284,3 @@ impl zerocast_core::Listener for TcpListener {
         &self.local
     }
 }
-

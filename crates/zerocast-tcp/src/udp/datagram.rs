@@ -69,10 +69,7 @@ impl AsRef<[u8]> for RecvDatagram {
 
 impl fmt::Debug for RecvDatagram {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RecvDatagram")
-            .field("seq", &self.seq)
-            .field("len", &self.len())
-            .finish()
+        f.debug_struct("RecvDatagram").field("seq", &self.seq).field("len", &self.len()).finish()
     }
 }
 
@@ -98,9 +95,7 @@ pub(super) enum Malformed {
 /// limit. Returns the header of a well-formed `Data` datagram.
 pub(super) fn check(datagram: &[u8], max_payload: usize) -> Result<Header, Malformed> {
     if datagram.len() > HEADER_LEN + max_payload {
-        return Err(Malformed::Oversize {
-            len: datagram.len(),
-        });
+        return Err(Malformed::Oversize { len: datagram.len() });
     }
     let h = Header::decode(datagram, max_payload as u64)?;
     if h.kind != FrameKind::Data {
@@ -108,10 +103,7 @@ pub(super) fn check(datagram: &[u8], max_payload: usize) -> Result<Header, Malfo
     }
     let actual = datagram.len() - HEADER_LEN;
     if h.len != actual as u64 {
-        return Err(Malformed::LenMismatch {
-            announced: h.len,
-            actual,
-        });
+        return Err(Malformed::LenMismatch { announced: h.len, actual });
     }
     Ok(h)
 }
@@ -143,60 +135,33 @@ mod tests {
 
     #[test]
     fn rejects_malformed() {
-        assert_eq!(
-            check(&datagram(1, &[9; 101]), 100),
-            Err(Malformed::Oversize { len: 117 })
-        );
-        assert_eq!(
-            check(b"", 100),
-            Err(Malformed::Frame(FrameError::Truncated { got: 0 }))
-        );
+        assert_eq!(check(&datagram(1, &[9; 101]), 100), Err(Malformed::Oversize { len: 117 }));
+        assert_eq!(check(b"", 100), Err(Malformed::Frame(FrameError::Truncated { got: 0 })));
         assert_eq!(
             check(&datagram(1, b"x")[..10], 100),
             Err(Malformed::Frame(FrameError::Truncated { got: 10 }))
         );
         let mut d = datagram(1, b"abc");
         d[0] = b'G';
-        assert!(matches!(
-            check(&d, 100),
-            Err(Malformed::Frame(FrameError::BadMagic { .. }))
-        ));
+        assert!(matches!(check(&d, 100), Err(Malformed::Frame(FrameError::BadMagic { .. }))));
         // A header announcing more or fewer bytes than arrived.
         let mut d = datagram(1, b"abc");
         d.push(0);
-        assert_eq!(
-            check(&d, 100),
-            Err(Malformed::LenMismatch {
-                announced: 3,
-                actual: 4
-            })
-        );
+        assert_eq!(check(&d, 100), Err(Malformed::LenMismatch { announced: 3, actual: 4 }));
         d.truncate(HEADER_LEN + 2);
-        assert_eq!(
-            check(&d, 100),
-            Err(Malformed::LenMismatch {
-                announced: 3,
-                actual: 2
-            })
-        );
+        assert_eq!(check(&d, 100), Err(Malformed::LenMismatch { announced: 3, actual: 2 }));
         // A valid frame of another kind.
         let c = Header::new(FrameKind::Control, 0, 0, 0).encode();
         assert_eq!(check(&c, 100), Err(Malformed::Kind(FrameKind::Control)));
         // A header claiming a huge payload is an error, not an allocation.
         let big = Header::new(FrameKind::Data, 0, 0, u64::MAX).encode();
-        assert!(matches!(
-            check(&big, 100),
-            Err(Malformed::Frame(FrameError::TooLong { .. }))
-        ));
+        assert!(matches!(check(&big, 100), Err(Malformed::Frame(FrameError::TooLong { .. }))));
     }
 
     #[test]
     fn handle_exposes_payload_only() {
         let pool = Pool::unregistered(
-            PoolConfig::default()
-                .with_classes([256])
-                .with_region_size(4096)
-                .with_max_bytes(1 << 20),
+            PoolConfig::default().with_classes([256]).with_region_size(4096).with_max_bytes(1 << 20),
         )
         .unwrap();
         let mut buf = pool.alloc(HEADER_LEN + 3, Wait::No).unwrap();

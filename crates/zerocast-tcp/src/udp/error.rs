@@ -33,9 +33,7 @@ pub enum UdpError {
         source: Option<io::Error>,
     },
     /// The socket could not be created or bound.
-    #[error(
-        "cannot bind a UDP socket to {addr}; is the address local to this host and the port free?"
-    )]
+    #[error("cannot bind a UDP socket to {addr}; is the address local to this host and the port free?")]
     Bind {
         /// The address asked for.
         addr: SocketAddr,
@@ -84,7 +82,9 @@ pub enum UdpError {
         source: io::Error,
     },
     /// The OS refused to drop the group membership (usually: it was never joined).
-    #[error("cannot leave multicast group {group} on interface {iface}: {source}; was it joined on this socket?")]
+    #[error(
+        "cannot leave multicast group {group} on interface {iface}: {source}; was it joined on this socket?"
+    )]
     Leave {
         /// The group.
         group: IpAddr,
@@ -157,27 +157,14 @@ mod tests {
             source: io::Error::from(io::ErrorKind::AddrNotAvailable),
         };
         let m = e.to_string();
-        assert!(
-            m.starts_with("cannot join multicast group 239.1.1.1 on interface 127.0.0.1: "),
-            "{m}"
-        );
+        assert!(m.starts_with("cannot join multicast group 239.1.1.1 on interface 127.0.0.1: "), "{m}");
         assert!(m.contains("is multicast enabled"), "{m}");
         assert!(e.source().is_some());
-        let m = UdpError::TooLarge {
-            len: 70_000,
-            max: 65_491,
-        }
-        .to_string();
-        assert!(
-            m.contains("UdpConfig::max_datagram") && m.contains("65491"),
-            "{m}"
-        );
+        let m = UdpError::TooLarge { len: 70_000, max: 65_491 }.to_string();
+        assert!(m.contains("UdpConfig::max_datagram") && m.contains("65491"), "{m}");
         let m = UdpError::NotMulticast("10.0.0.1".parse().unwrap()).to_string();
         assert!(m.contains("239.0.0.0/8"), "{m}");
-        let m = UdpError::NoInterface {
-            group: "ff15::1".parse().unwrap(),
-        }
-        .to_string();
+        let m = UdpError::NoInterface { group: "ff15::1".parse().unwrap() }.to_string();
         assert!(m.contains("?iface="), "{m}");
     }
 }

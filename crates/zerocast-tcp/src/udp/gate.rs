@@ -38,21 +38,13 @@ impl RecvGate {
             st = match deadline {
                 None => self.turn.wait(st).unwrap_or_else(PoisonError::into_inner),
                 Some(d) => {
-                    let left = d
-                        .checked_duration_since(Instant::now())
-                        .filter(|l| !l.is_zero())?;
-                    self.turn
-                        .wait_timeout(st, left)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
+                    let left = d.checked_duration_since(Instant::now()).filter(|l| !l.is_zero())?;
+                    self.turn.wait_timeout(st, left).unwrap_or_else(PoisonError::into_inner).0
                 }
             };
         }
         st.busy = true;
-        Some(Turn {
-            gate: self,
-            timeout: st.timeout,
-        })
+        Some(Turn { gate: self, timeout: st.timeout })
     }
 
     /// Take the turn if nobody holds it.
@@ -62,10 +54,7 @@ impl RecvGate {
             return None;
         }
         st.busy = true;
-        Some(Turn {
-            gate: self,
-            timeout: st.timeout,
-        })
+        Some(Turn { gate: self, timeout: st.timeout })
     }
 }
 
@@ -79,11 +68,7 @@ pub(super) struct Turn<'a> {
 
 impl Turn<'_> {
     /// Set `SO_RCVTIMEO` (`None`: block) unless it already has that value.
-    pub(super) fn set_timeout(
-        &mut self,
-        sock: &UdpSocket,
-        timeout: Option<Duration>,
-    ) -> io::Result<()> {
+    pub(super) fn set_timeout(&mut self, sock: &UdpSocket, timeout: Option<Duration>) -> io::Result<()> {
         if self.timeout != Some(timeout) {
             // Forget the old value first: if the call fails, it is unknown.
             self.timeout = None;
@@ -115,14 +100,9 @@ mod tests {
         let t = gate.enter(None).unwrap();
         assert!(gate.try_enter().is_none());
         let start = Instant::now();
-        assert!(gate
-            .enter(Some(start + Duration::from_millis(30)))
-            .is_none());
+        assert!(gate.enter(Some(start + Duration::from_millis(30))).is_none());
         assert!(start.elapsed() >= Duration::from_millis(30));
-        assert!(
-            gate.enter(Some(start)).is_none(),
-            "a past deadline does not wait"
-        );
+        assert!(gate.enter(Some(start)).is_none(), "a past deadline does not wait");
         drop(t);
         assert!(gate.try_enter().is_some());
     }
@@ -132,10 +112,8 @@ mod tests {
         let gate = Arc::new(RecvGate::default());
         let t = gate.enter(None).unwrap();
         let g2 = Arc::clone(&gate);
-        let waiter = std::thread::spawn(move || {
-            g2.enter(Some(Instant::now() + Duration::from_secs(5)))
-                .is_some()
-        });
+        let waiter =
+            std::thread::spawn(move || g2.enter(Some(Instant::now() + Duration::from_secs(5))).is_some());
         std::thread::sleep(Duration::from_millis(20));
         drop(t);
         assert!(waiter.join().unwrap());
@@ -146,16 +124,12 @@ mod tests {
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
         let gate = RecvGate::default();
         let mut t = gate.enter(None).unwrap();
-        t.set_timeout(&sock, Some(Duration::from_millis(250)))
-            .unwrap();
+        t.set_timeout(&sock, Some(Duration::from_millis(250))).unwrap();
         drop(t);
         let t = gate.try_enter().unwrap();
         assert_eq!(t.timeout, Some(Some(Duration::from_millis(250))));
         // The kernel keeps it in clock ticks, so it reads back rounded up.
         let back = sock.read_timeout().unwrap().unwrap();
-        assert!(
-            back >= Duration::from_millis(250) && back < Duration::from_millis(300),
-            "{back:?}"
-        );
+        assert!(back >= Duration::from_millis(250) && back < Duration::from_millis(300), "{back:?}");
     }
 }

@@ -41,40 +41,23 @@ pub(super) struct Plan {
 }
 
 fn bad(ep: &Endpoint, reason: impl Into<String>) -> UdpError {
-    UdpError::BadEndpoint {
-        endpoint: ep.to_string(),
-        reason: reason.into(),
-    }
+    UdpError::BadEndpoint { endpoint: ep.to_string(), reason: reason.into() }
 }
 
 /// `ud://host:port[?iface=…]`.
 pub(super) fn unicast(ep: &Endpoint, cfg: &UdpConfig) -> Result<Plan, UdpError> {
     if ep.scheme() != Scheme::Ud {
-        return Err(bad(
-            ep,
-            format!(
-                "UdpSocket::bind takes ud://host:port, not {}://",
-                ep.scheme()
-            ),
-        ));
+        return Err(bad(ep, format!("UdpSocket::bind takes ud://host:port, not {}://", ep.scheme())));
     }
-    let port = ep
-        .port()
-        .ok_or_else(|| bad(ep, "no port; write ud://host:port (port 0 picks one)"))?;
+    let port = ep.port().ok_or_else(|| bad(ep, "no port; write ud://host:port (port 0 picks one)"))?;
     let bind = match ep.host().parse::<IpAddr>() {
         Ok(ip) => SocketAddr::new(ip, port),
         Err(_) => ep
             .authority()
             .to_socket_addrs()
-            .map_err(|e| UdpError::Resolve {
-                endpoint: ep.to_string(),
-                source: Some(e),
-            })?
+            .map_err(|e| UdpError::Resolve { endpoint: ep.to_string(), source: Some(e) })?
             .next()
-            .ok_or_else(|| UdpError::Resolve {
-                endpoint: ep.to_string(),
-                source: None,
-            })?,
+            .ok_or_else(|| UdpError::Resolve { endpoint: ep.to_string(), source: None })?,
     };
     if bind.ip().is_multicast() {
         return Err(bad(
@@ -87,13 +70,7 @@ pub(super) fn unicast(ep: &Endpoint, cfg: &UdpConfig) -> Result<Plan, UdpError> 
         _ => Ipv4Addr::LOCALHOST,
     };
     let iface = iface(ep, &bind, default_v4)?;
-    Ok(Plan {
-        bind,
-        iface,
-        group: None,
-        ttl: cfg.multicast_ttl,
-        mcast_loop: cfg.multicast_loop,
-    })
+    Ok(Plan { bind, iface, group: None, ttl: cfg.multicast_ttl, mcast_loop: cfg.multicast_loop })
 }
 
 /// `mcast://group:port[?iface=…&ttl=N&loop=0|1]`.
@@ -101,18 +78,13 @@ pub(super) fn multicast(ep: &Endpoint, cfg: &UdpConfig) -> Result<Plan, UdpError
     if ep.scheme() != Scheme::Mcast {
         return Err(bad(
             ep,
-            format!(
-                "UdpSocket::multicast takes mcast://group:port, not {}://",
-                ep.scheme()
-            ),
+            format!("UdpSocket::multicast takes mcast://group:port, not {}://", ep.scheme()),
         ));
     }
-    let group: IpAddr = ep.host().parse().map_err(|_| {
-        bad(
-            ep,
-            "the group must be an IP address such as 239.1.2.3, not a host name",
-        )
-    })?;
+    let group: IpAddr = ep
+        .host()
+        .parse()
+        .map_err(|_| bad(ep, "the group must be an IP address such as 239.1.2.3, not a host name"))?;
     if !group.is_multicast() {
         return Err(bad(
             ep,
@@ -121,12 +93,7 @@ pub(super) fn multicast(ep: &Endpoint, cfg: &UdpConfig) -> Result<Plan, UdpError
     }
     let port = match ep.port() {
         Some(p) if p != 0 => p,
-        _ => {
-            return Err(bad(
-                ep,
-                "a multicast group needs a fixed port that every member binds",
-            ))
-        }
+        _ => return Err(bad(ep, "a multicast group needs a fixed port that every member binds")),
     };
     let bind = SocketAddr::new(group, port);
     let iface = iface(ep, &bind, Ipv4Addr::LOCALHOST)?;
@@ -136,10 +103,7 @@ pub(super) fn multicast(ep: &Endpoint, cfg: &UdpConfig) -> Result<Plan, UdpError
             "IPv6 multicast needs `?iface=N`, an interface index (see `ip link`; lo is usually 1)",
         ));
     }
-    let ttl = ep
-        .param_as::<u32>("ttl")
-        .map_err(|e| bad(ep, e.to_string()))?
-        .unwrap_or(cfg.multicast_ttl);
+    let ttl = ep.param_as::<u32>("ttl").map_err(|e| bad(ep, e.to_string()))?.unwrap_or(cfg.multicast_ttl);
     if ttl > 255 {
         return Err(bad(ep, format!("ttl={ttl} is out of range; use 0..=255")));
     }
@@ -147,20 +111,9 @@ pub(super) fn multicast(ep: &Endpoint, cfg: &UdpConfig) -> Result<Plan, UdpError
         None => cfg.multicast_loop,
         Some("1" | "true") => true,
         Some("0" | "false") => false,
-        Some(v) => {
-            return Err(bad(
-                ep,
-                format!("loop={v} is not a flag; use loop=0 or loop=1"),
-            ))
-        }
+        Some(v) => return Err(bad(ep, format!("loop={v} is not a flag; use loop=0 or loop=1"))),
     };
-    Ok(Plan {
-        bind,
-        iface,
-        group: Some(group),
-        ttl,
-        mcast_loop,
-    })
+    Ok(Plan { bind, iface, group: Some(group), ttl, mcast_loop })
 }
 
 /// The `iface` parameter: an IPv4 address for IPv4, an interface index for IPv6.
@@ -205,22 +158,12 @@ mod tests {
         assert_eq!(p.iface, Iface::V4(Ipv4Addr::LOCALHOST));
         assert_eq!((p.group, p.ttl, p.mcast_loop), (None, 1, true));
         let p = unicast(&ep("ud://0.0.0.0:9000"), &cfg).unwrap();
-        assert_eq!(
-            p.iface,
-            Iface::V4(Ipv4Addr::LOCALHOST),
-            "unspecified binds default to loopback"
-        );
+        assert_eq!(p.iface, Iface::V4(Ipv4Addr::LOCALHOST), "unspecified binds default to loopback");
         let p = unicast(&ep("ud://0.0.0.0:9000?iface=10.1.2.3"), &cfg).unwrap();
         assert_eq!(p.iface, Iface::V4(Ipv4Addr::new(10, 1, 2, 3)));
         let p = unicast(&ep("ud://[::1]:7?iface=1"), &cfg).unwrap();
-        assert_eq!(
-            (p.bind, p.iface),
-            ("[::1]:7".parse().unwrap(), Iface::V6(Some(1)))
-        );
-        assert_eq!(
-            unicast(&ep("ud://localhost:5"), &cfg).unwrap().bind.port(),
-            5
-        );
+        assert_eq!((p.bind, p.iface), ("[::1]:7".parse().unwrap(), Iface::V6(Some(1))));
+        assert_eq!(unicast(&ep("ud://localhost:5"), &cfg).unwrap().bind.port(), 5);
     }
 
     #[test]
@@ -229,16 +172,8 @@ mod tests {
         let p = multicast(&ep("mcast://239.1.2.3:5000"), &cfg).unwrap();
         assert_eq!(p.bind, "239.1.2.3:5000".parse().unwrap());
         assert_eq!(p.group, Some("239.1.2.3".parse().unwrap()));
-        assert_eq!(
-            p.iface,
-            Iface::V4(Ipv4Addr::LOCALHOST),
-            "iface defaults to loopback"
-        );
-        let p = multicast(
-            &ep("mcast://239.1.2.3:5000?iface=127.0.0.1&ttl=4&loop=0"),
-            &cfg,
-        )
-        .unwrap();
+        assert_eq!(p.iface, Iface::V4(Ipv4Addr::LOCALHOST), "iface defaults to loopback");
+        let p = multicast(&ep("mcast://239.1.2.3:5000?iface=127.0.0.1&ttl=4&loop=0"), &cfg).unwrap();
         assert_eq!((p.ttl, p.mcast_loop), (4, false));
         let p = multicast(&ep("mcast://ff15::1:5000?iface=1"), &cfg).unwrap();
         assert_eq!(p.iface, Iface::V6(Some(1)));
@@ -250,13 +185,9 @@ mod tests {
         let cfg = UdpConfig::default();
         assert!(reason(unicast(&ep("tcp://127.0.0.1:1"), &cfg)).contains("ud://host:port"));
         assert!(reason(unicast(&ep("ud://239.1.1.1:1"), &cfg)).contains("mcast://"));
-        assert!(
-            reason(unicast(&ep("ud://0.0.0.0:1?iface=eth0"), &cfg)).contains("not an IPv4 address")
-        );
+        assert!(reason(unicast(&ep("ud://0.0.0.0:1?iface=eth0"), &cfg)).contains("not an IPv4 address"));
         assert!(reason(multicast(&ep("ud://239.1.1.1:1"), &cfg)).contains("mcast://group:port"));
-        assert!(
-            reason(multicast(&ep("mcast://10.0.0.1:1"), &cfg)).contains("not a multicast group")
-        );
+        assert!(reason(multicast(&ep("mcast://10.0.0.1:1"), &cfg)).contains("not a multicast group"));
         assert!(reason(multicast(&ep("mcast://grp.example:1"), &cfg)).contains("IP address"));
         assert!(reason(multicast(&ep("mcast://239.1.1.1:0"), &cfg)).contains("fixed port"));
         assert!(reason(multicast(&ep("mcast://239.1.1.1:1?ttl=300"), &cfg)).contains("0..=255"));

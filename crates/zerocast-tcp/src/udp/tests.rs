@@ -21,40 +21,18 @@ fn soon(ms: u64) -> Option<Instant> {
 
 #[test]
 fn config_is_checked_against_the_pool() {
-    let small = Pool::unregistered(
-        PoolConfig::default()
-            .with_classes([512, 8192])
-            .with_max_bytes(8 << 20),
-    )
-    .unwrap();
+    let small =
+        Pool::unregistered(PoolConfig::default().with_classes([512, 8192]).with_max_bytes(8 << 20)).unwrap();
     let msg = match UdpConfig::default().validate(&small) {
         Err(UdpError::Config(m)) => m,
         other => panic!("{other:?}"),
     };
-    assert!(
-        msg.contains("PoolConfig::classes") && msg.contains("lower max_datagram to 8175"),
-        "{msg}"
-    );
-    UdpConfig::default()
-        .with_max_datagram(8175)
-        .validate(&small)
-        .unwrap();
-    assert!(UdpConfig::default()
-        .with_max_datagram(8176)
-        .validate(&small)
-        .is_err());
-    assert!(UdpConfig::default()
-        .with_max_datagram(0)
-        .validate(&small)
-        .is_err());
-    assert!(UdpConfig::default()
-        .with_max_datagram(MAX_DATAGRAM + 1)
-        .validate(&pool())
-        .is_err());
-    let ttl = UdpConfig {
-        multicast_ttl: 256,
-        ..UdpConfig::default()
-    };
+    assert!(msg.contains("PoolConfig::classes") && msg.contains("lower max_datagram to 8175"), "{msg}");
+    UdpConfig::default().with_max_datagram(8175).validate(&small).unwrap();
+    assert!(UdpConfig::default().with_max_datagram(8176).validate(&small).is_err());
+    assert!(UdpConfig::default().with_max_datagram(0).validate(&small).is_err());
+    assert!(UdpConfig::default().with_max_datagram(MAX_DATAGRAM + 1).validate(&pool()).is_err());
+    let ttl = UdpConfig { multicast_ttl: 256, ..UdpConfig::default() };
     assert!(matches!(ttl.validate(&pool()), Err(UdpError::Config(_))));
     UdpConfig::default().validate(&pool()).unwrap();
 }
@@ -66,14 +44,8 @@ fn empty_socket_try_recv_and_timeout() {
     let start = Instant::now();
     assert!(matches!(s.recv_from(soon(60)), Err(RecvError::Timeout)));
     let took = start.elapsed();
-    assert!(
-        took >= Duration::from_millis(60) && took < Duration::from_secs(2),
-        "{took:?}"
-    );
-    assert!(matches!(
-        s.recv_from(Some(Instant::now())),
-        Err(RecvError::Timeout)
-    ));
+    assert!(took >= Duration::from_millis(60) && took < Duration::from_secs(2), "{took:?}");
+    assert!(matches!(s.recv_from(Some(Instant::now())), Err(RecvError::Timeout)));
     assert_eq!(s.pool().stats().buffers_in_use, 0);
 }
 
@@ -103,22 +75,8 @@ fn round_trip_and_seq_and_stats() {
     assert_eq!(d.seq(), 3);
     drop(d);
     assert!(matches!(b.recv_from(soon(30)), Err(RecvError::Timeout)));
-    assert_eq!(
-        a.stats(),
-        UdpStats {
-            sent: 4,
-            received: 0,
-            dropped_malformed: 0
-        }
-    );
-    assert_eq!(
-        b.stats(),
-        UdpStats {
-            sent: 0,
-            received: 4,
-            dropped_malformed: 0
-        }
-    );
+    assert_eq!(a.stats(), UdpStats { sent: 4, received: 0, dropped_malformed: 0 });
+    assert_eq!(b.stats(), UdpStats { sent: 0, received: 4, dropped_malformed: 0 });
     assert!(format!("{b:?}").contains("received: 4"));
     assert_eq!(b.pool().stats().buffers_in_use, 0);
 }
@@ -129,10 +87,7 @@ fn oversize_send_hands_the_buffer_back() {
     let mut buf = s.pool().alloc(101, Wait::No).unwrap();
     buf.fill(7);
     let (buf, e) = s.send_to(buf, &s.local_addr()).unwrap_err();
-    assert!(
-        matches!(e, UdpError::TooLarge { len: 101, max: 100 }),
-        "{e:?}"
-    );
+    assert!(matches!(e, UdpError::TooLarge { len: 101, max: 100 }), "{e:?}");
     assert_eq!((buf.len(), buf[100]), (101, 7));
     assert_eq!(s.stats().sent, 0);
 }

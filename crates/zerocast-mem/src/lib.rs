@@ -1,0 +1,73 @@
+//! The registered slab pool of zerocast.
+//!
+//! A [`Pool`] hands out [`Buf`]s: owned, fixed-capacity buffers cut out of
+//! large regions. Each region is one page-aligned anonymous `mmap`,
+//! registered **once** with the transport's device through a [`Registrar`]
+//! when it is created, and deregistered before it is unmapped when the pool
+//! (the last [`Pool`] clone and the last [`Buf`]) is gone. A buffer's
+//! [`addr`](Buf::addr) and [`keys`](Buf::keys) go straight into scatter/gather
+//! entries; its bytes never move while it lives. `Buf` is the send buffer of
+//! every transport: it implements `zerocast_core::TxBuffer`.
+//!
+//! Buffers come in size classes ([`PoolConfig::classes`]); a request is
+//! served by the smallest class that fits. The pool grows one region at a
+//! time, never past [`PoolConfig::max_bytes`]; at the cap, [`Pool::alloc`]
+//! fails, waits for a while, or blocks, as [`Wait`] says.
+//!
+//! # Cost
+//!
+//! Once a class has its regions, `alloc` and dropping a `Buf` are lock-free
+//! and never touch the heap: a pop from, and a push onto, a preallocated
+//! `crossbeam_queue::ArrayQueue`, one atomic counter, and an `Arc` clone.
+//! Growth (map, prefault, register) happens under a per-class mutex; waiting
+//! at the cap uses a per-class mutex and condvar, which the release path
+//! locks only when somebody waits.
+//!
+//! # What it does not do
+//!
+//! - It does not talk to any device: registration is the [`Registrar`]'s job
+//!   (the RDMA crate provides one; TCP and in-process use [`NoopRegistrar`]).
+//! - It never gives a region back while the pool lives, and never moves
+//!   memory between classes: a class at the cap waits for its own buffers,
+//!   even if other classes have free ones.
+//! - It does not clear buffers: a reused buffer holds its last user's bytes.
+//! - It does not protect memory from a device or a peer: while a buffer's
+//!   address is posted to hardware, the owner of the `Buf` (the transport's
+//!   in-flight table) must not touch it, and must keep the `Buf` alive.
+//! - It does no fork handling (`MADV_DONTFORK`); that belongs with the
+//!   registrar that pins memory.
+//!
+//! ```
+//! use zerocast_mem::{Pool, PoolConfig, Wait};
+//!
+//! let pool = Pool::unregistered(PoolConfig::default().with_max_bytes(16 << 20))?;
+//! let mut buf = pool.alloc(5, Wait::No)?;
+//! buf.copy_from_slice(b"hello");
+//! assert_eq!(buf.capacity(), 512);
+//! assert_eq!(pool.stats().buffers_in_use, 1);
+//! drop(buf);
+//! assert_eq!(pool.stats().buffers_in_use, 0);
+//! # Ok::<(), zerocast_mem::PoolError>(())
+//! ```
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks, missing_docs)]
+
+mod buf;
+mod class;
+mod config;
+mod error;
+mod pool;
+mod region;
+mod registrar;
+mod stats;
+mod txbuf;
+
+#[cfg(test)]
+mod proptests;
+
+pub use buf::Buf;
+pub use config::PoolConfig;
+pub use error::PoolError;
+pub use pool::{Pool, Wait};
+pub use registrar::{memlock_limit, Keys, NoopRegistrar, RegisterError, Registrar, Registration};
+pub use stats::PoolStats;

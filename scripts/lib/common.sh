@@ -1,0 +1,73 @@
+# shellcheck shell=bash disable=SC2034
+# Shared helpers for the scripts in scripts/. Source it; do not run it.
+#
+#   ZC_ROOT            the repository root
+#   zc_log MSG...      a progress line on stderr, prefixed with the script name
+#   zc_die MSG...      an error line on stderr, then exit 1
+#   zc_ensure_packages PKG...
+#                      install the Debian packages that are missing, without
+#                      prompting; a no-op when all are installed
+
+ZC_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+ZC_PROG="${ZC_PROG:-$(basename "$0")}"
+
+zc_log() {
+    printf '%s: %s\n' "$ZC_PROG" "$*" >&2
+}
+
+zc_die() {
+    printf '%s: error: %s\n' "$ZC_PROG" "$*" >&2
+    exit 1
+}
+
+# Seconds since the epoch with a fraction, for stage timings.
+zc_now() {
+    date +%s.%N
+}
+
+# Elapsed seconds since START (from zc_now), one decimal.
+zc_since() {
+    awk -v s="$1" -v e="$(zc_now)" 'BEGIN { printf "%.1f", e - s }'
+}
+
+# Run `apt-get update` at most once per script run (root only).
+zc_apt_updated=0
+zc_apt_update() {
+    if [ "$zc_apt_updated" = 0 ]; then
+        zc_log "apt-get update"
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || zc_die "apt-get update failed"
+        zc_apt_updated=1
+    fi
+}
+
+zc_ensure_packages() {
+    local missing=() pkg
+    # One dpkg-query for all; `dpkg -s` would also accept removed-but-configured
+    # packages, so check for "install ok installed".
+    declare -A installed=()
+    while read -r pkg; do
+        installed[$pkg]=1
+    done < <(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' "$@" 2>/dev/null | awk '$1 == "ii" { print $2 }')
+    for pkg in "$@"; do
+        [ -n "${installed[$pkg]:-}" ] || missing+=("$pkg")
+    done
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    [ "$(id -u)" = 0 ] || zc_die "missing packages ${missing[*]}; install them as root"
+    zc_log "installing missing packages: ${missing[*]}"
+    zc_apt_update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >&2 </dev/null || zc_die "apt-get install ${missing[*]} failed"
+}
+
+# What the Soft-RoCE guest needs on the host: QEMU, the initramfs tools, and
+# the rdma-core user space that runs (from the host's root) inside the guest.
+ZC_GUEST_PACKAGES=(
+    qemu-system-x86 busybox-static cpio kmod xz-utils binutils
+    rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
+    iproute2
+)
+
+# What building the RDMA crate needs (bindgen for rdma-sys).
+ZC_BUILD_PACKAGES=(
+    libibverbs-dev librdmacm-dev libclang-dev pkg-config
+)

@@ -1,0 +1,214 @@
+//! Hostile peers at a TCP listener: garbage, lies and silence get a typed
+//! error on that one connection; the listener and every other connection
+//! keep working.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use zerocast::core::handshake::HELLO_LEN;
+use zerocast::core::{CreditError, FrameError, FrameKind, Header, Hello, HEADER_LEN};
+use zerocast::{Config, ConnError, ConnectError, Listener, RecvError, TcpConfig, Zerocast};
+
+fn zc() -> Zerocast {
+    let mut cfg = Config::default();
+    cfg.tcp = TcpConfig::default().with_timeouts(Duration::from_millis(500), Duration::from_millis(300));
+    cfg.link = cfg.link.with_recv_window(8);
+    Zerocast::with_config(cfg)
+}
+
+fn listen(zc: &Zerocast) -> (Listener, SocketAddr) {
+    let l = zc.listen("tcp://127.0.0.1:0").expect("listen");
+    let addr = l.local_endpoint().authority().parse().expect("addr");
+    (l, addr)
+}
+
+/// A raw client that completes a real handshake (so it can misbehave
+/// afterwards), and the server's side of that connection.
+fn handshaken(listener: &Listener, addr: SocketAddr, window: u32) -> (TcpStream, zerocast::Connection) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    let hello = Hello { window, max_payload: 1 << 20, recv_buf_size: 0, flags: 0 };
+    s.write_all(&Header::new(FrameKind::Control, 0, 0, HELLO_LEN as u64).encode()).expect("write");
+    s.write_all(&hello.encode()).expect("write");
+    let server = listener.accept().expect("accept");
+    let mut back = [0u8; HEADER_LEN + HELLO_LEN];
+    s.read_exact(&mut back).expect("server hello");
+    (s, server)
+}
+
+fn data(seq: u32, payload: &[u8]) -> Vec<u8> {
+    let mut v = Header::new(FrameKind::Data, 0, seq, payload.len() as u64).encode().to_vec();
+    v.extend_from_slice(payload);
+    v
+}
+
+/// A well-behaved zerocast connection to check the listener still works.
+fn check_good_peer(zc: &Zerocast, listener: &Listener) {
+    let at = listener.local_endpoint().to_string();
+    let zc2 = zc.clone();
+    let client = thread::spawn(move || {
+        let c = zc2.connect(&at).expect("good client connects");
+        let mut b = c.alloc(4).expect("alloc");
+        b.copy_from_slice(b"ping");
+        c.send(b).expect("send");
+        c
+    });
+    let server = listener.accept().expect("listener still accepts");
+    assert_eq!(&*server.recv_timeout(Duration::from_secs(5)).expect("recv"), b"ping");
+    drop(client.join());
+}
+
+fn expect_failure(conn: &zerocast::Connection) -> ConnError {
+    let start = Instant::now();
+    loop {
+        match conn.recv_timeout(Duration::from_secs(5)) {
+            Err(RecvError::Failed(e)) => return e,
+            Ok(_) => assert!(start.elapsed() < Duration::from_secs(5)),
+            other => panic!("expected a failed connection, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn garbage_instead_of_a_handshake_is_refused() {
+    let zc = zc();
+    let (listener, addr) = listen(&zc);
+    for junk in [&b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..], &[0u8; 40], &[0x5a; 40]] {
+        let mut s = TcpStream::connect(addr).expect("connect");
+        s.write_all(junk).expect("write");
+        match listener.accept() {
+            Err(ConnectError::Handshake { .. }) => {}
+            other => panic!("expected a handshake error, got {other:?}"),
+        }
+    }
+    check_good_peer(&zc, &listener);
+}
+
+#[test]
+fn silent_peer_times_out_the_handshake() {
+    let zc = zc();
+    let (listener, addr) = listen(&zc);
+    let _silent = TcpStream::connect(addr).expect("connect");
+    let t0 = Instant::now();
+    match listener.accept() {
+        Err(ConnectError::Handshake { source: ConnError::TimedOut(_), .. }) => {}
+        other => panic!("expected a handshake timeout, got {other:?}"),
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    check_good_peer(&zc, &listener);
+}
+
+#[test]
+fn garbage_frames_fail_only_that_connection() {
+    let zc = zc();
+    let (listener, addr) = listen(&zc);
+    // A good connection, opened first, must survive the bad one.
+    let at = listener.local_endpoint().to_string();
+    let zc2 = zc.clone();
+    let good_client = thread::spawn(move || zc2.connect(&at).expect("connect"));
+    let good_server = listener.accept().expect("accept");
+    let good_client = good_client.join().expect("join");
+
+    let (mut bad, bad_server) = handshaken(&listener, addr, 8);
+    bad.write_all(b"\x5a\x1f this is not a frame at all").expect("write");
+    assert!(matches!(expect_failure(&bad_server), ConnError::Frame(FrameError::UnknownKind { .. })));
+
+    let mut b = good_client.alloc(2).expect("alloc");
+    b.copy_from_slice(b"ok");
+    good_client.send(b).expect("send");
+    assert_eq!(&*good_server.recv_timeout(Duration::from_secs(5)).expect("recv"), b"ok");
+    check_good_peer(&zc, &listener);
+}
+
+#[test]
+fn huge_length_is_an_error_not_an_allocation() {
+    let zc = zc();
+    let (listener, addr) = listen(&zc);
+    let (mut bad, server) = handshaken(&listener, addr, 8);
+    bad.write_all(&Header::new(FrameKind::Data, 0, 0, 1 << 60).encode()).expect("write");
+    match expect_failure(&server) {
+        ConnError::Frame(FrameError::TooLong { len, .. }) => assert_eq!(len, 1 << 60),
+        other => panic!("expected TooLong, got {other:?}"),
+    }
+}
+
+#[test]
+fn peer_stopping_mid_frame_times_out() {
+    let zc = zc();
+    let (listener, addr) = listen(&zc);
+    let (mut bad, server) = handshaken(&listener, addr, 8);
+    let frame = data(0, &[1u8; 1000]);
+    bad.write_all(&frame[..500]).expect("write half a frame");
+    let t0 = Instant::now();
+    assert!(matches!(expect_failure(&server), ConnError::TimedOut(_)));
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    drop(bad);
+}
+
+#[test]
+fn peer_closing_mid_frame_is_truncation() {
+    let zc = zc();
+    let (listener, addr) = listen(&zc);
+    let (mut bad, server) = handshaken(&listener, addr, 8);
+    let frame = data(0, &[1u8; 1000]);
+    bad.write_all(&frame[..700]).expect("write");
+    drop(bad);
+    assert!(matches!(expect_failure(&server), ConnError::Truncated { .. }));
+}
+
+#[test]
+fn credit_overrun_and_bad_sequence_are_detected() {
+    let zc = zc();
+    let (listener, addr) = listen(&zc);
+    // The server posted 8 receive buffers; a 9th unreturned frame overruns.
+    let (mut bad, server) = handshaken(&listener, addr, 8);
+    for seq in 0..9 {
+        bad.write_all(&data(seq, b"x")).expect("write");
+    }
+    thread::sleep(Duration::from_millis(200));
+    let mut held = Vec::new();
+    let err = loop {
+        match server.try_recv() {
+            // Hold the buffers: no credit goes back.
+            Ok(m) => held.push(m),
+            Err(RecvError::Failed(e)) => break e,
+            Err(RecvError::Empty) => thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(held.len(), 8, "the frames within the window are delivered first");
+    assert!(matches!(err, ConnError::Credit(CreditError::Overrun { window: 8 })));
+
+    let (mut bad, server) = handshaken(&listener, addr, 8);
+    bad.write_all(&data(0, b"a")).expect("write");
+    bad.write_all(&data(5, b"b")).expect("write");
+    assert!(matches!(
+        expect_failure(&server),
+        ConnError::Credit(CreditError::Sequence { expected: 1, got: 5 })
+    ));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_bytes_after_handshake_never_panic_or_hang(junk in proptest::collection::vec(any::<u8>(), 1..600)) {
+        let zc = zc();
+        let (listener, addr) = listen(&zc);
+        let (mut bad, server) = handshaken(&listener, addr, 8);
+        bad.write_all(&junk).expect("write");
+        drop(bad);
+        // Whatever the bytes, the connection ends with a typed outcome.
+        let start = Instant::now();
+        loop {
+            match server.recv_timeout(Duration::from_secs(5)) {
+                Ok(_) => {}
+                Err(RecvError::Failed(_)) | Err(RecvError::Disconnected) => break,
+                Err(e) => panic!("no typed end within 5 s: {e}"),
+            }
+            prop_assert!(start.elapsed() < Duration::from_secs(5));
+        }
+    }
+}

@@ -55,6 +55,8 @@
 mod buf;
 mod class;
 mod config;
+#[cfg(feature = "counting-alloc")]
+mod counting;
 mod error;
 mod pool;
 mod region;
@@ -67,6 +69,8 @@ mod proptests;
 
 pub use buf::Buf;
 pub use config::PoolConfig;
+#[cfg(feature = "counting-alloc")]
+pub use counting::CountingAlloc;
 pub use error::PoolError;
 pub use pool::{Pool, Wait};
 pub use registrar::{memlock_limit, Keys, NoopRegistrar, RegisterError, Registrar, Registration};

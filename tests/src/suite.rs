@@ -204,7 +204,7 @@ pub fn order(i: u64, size: usize) -> Order {
     lines.insert(format!("sku-{i}"), vec![Line { qty: i as u32, cents: -(i as i64) }]);
     Order {
         id: i,
-        customer: (i % 3 != 0)
+        customer: (i % 3 >= 1)
             .then(|| Customer { name: format!("customer {i}"), tags: vec!["vip".into(); (i % 4) as usize] }),
         lines,
         state: match i % 3 {
@@ -216,7 +216,7 @@ pub fn order(i: u64, size: usize) -> Order {
         extra: (
             -(i as i32),
             i as f64 / 3.0,
-            i % 2 == 0,
+            i & 1 == 0,
             char::from_u32(0x41 + (i % 26) as u32).unwrap_or('A'),
         ),
     }

@@ -200,7 +200,7 @@ mod tests {
         let mut b = Header::new(FrameKind::Data, 1, 2, 3).encode();
         b[1] = (VERSION << 4) | 9;
         assert_eq!(Header::decode(&b, 10), Err(FrameError::UnknownKind { found: 9 }));
-        b[1] = (7 << 4) | 0;
+        b[1] = 7 << 4;
         assert_eq!(Header::decode(&b, 10), Err(FrameError::BadVersion { found: 7 }));
         b[0] = b'G';
         assert_eq!(Header::decode(&b, 10), Err(FrameError::BadMagic { found: b'G' }));

@@ -37,9 +37,11 @@ pub type MemConnection = zerocast_link::Connection<Inproc>;
 /// half, already handshaken, and its writer to start.
 type Pending = MemConnection;
 
-/// Listening names of this process.
-fn registry() -> &'static Mutex<HashMap<String, (Sender<Pending>, LinkConfig)>> {
-    static REG: OnceLock<Mutex<HashMap<String, (Sender<Pending>, LinkConfig)>>> = OnceLock::new();
+/// Listening names of this process: each name's backlog and settings.
+type Registry = Mutex<HashMap<String, (Sender<Pending>, LinkConfig)>>;
+
+fn registry() -> &'static Registry {
+    static REG: OnceLock<Registry> = OnceLock::new();
     REG.get_or_init(Default::default)
 }
 

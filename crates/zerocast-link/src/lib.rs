@@ -51,6 +51,10 @@ pub struct LinkSetup {
     pub repost: bool,
 }
 
+/// Released receive buffers on their way back to a reposting backend
+/// (`None`: the buffer was lost; post a fresh one).
+pub type Reposts = crossbeam_channel::Receiver<Option<Buf>>;
+
 /// Create the two halves of a connection.
 ///
 /// When `setup.repost` is set, the returned receiver yields every released
@@ -59,7 +63,7 @@ pub struct LinkSetup {
 /// returns the credit.
 pub fn new(
     setup: LinkSetup,
-) -> Result<(Link, Driver, Option<crossbeam_channel::Receiver<Option<Buf>>>), ConnError> {
+) -> Result<(Link, Driver, Option<Reposts>), ConnError> {
     let credits = Credits::new(setup.config.recv_window, setup.peer_hello.window)?;
     let max_message = setup.config.max_payload.min(setup.peer_hello.max_payload) as usize;
     let (shared, outgoing, reposts) = shared::Shared::new(setup, credits, max_message);

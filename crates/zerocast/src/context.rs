@@ -7,8 +7,8 @@ use zerocast_mem::{Pool, PoolConfig};
 
 use crate::conn::{Connection, Flavor, Listener, ListenerFlavor};
 
-#[cfg(not(any(feature = "tcp", feature = "mem", feature = "rdma")))]
-compile_error!("enable at least one transport feature of zerocast: tcp, mem or rdma");
+#[cfg(not(any(feature = "tcp", feature = "mem")))]
+compile_error!("enable at least one connection transport of zerocast: tcp or mem");
 
 /// Settings for every connection a [`Zerocast`] opens.
 #[derive(Debug, Clone)]
@@ -173,10 +173,9 @@ impl Zerocast {
     }
 }
 
-#[cfg(feature = "rdma")]
+/// The list used when `ZEROCAST_TRANSPORTS` is unset. `rc` comes first so
+/// that an RDMA build prefers it once the RC backend is built in.
 const DEFAULT_TRANSPORTS: &str = "rc,tcp";
-#[cfg(not(feature = "rdma"))]
-const DEFAULT_TRANSPORTS: &str = "tcp";
 
 /// Whether a connection-oriented transport is built in and usable here.
 fn usable(scheme: Scheme) -> Result<(), String> {
@@ -192,7 +191,10 @@ fn usable(scheme: Scheme) -> Result<(), String> {
 
 fn unavailable(scheme: Scheme) -> ConnectError {
     let reason = match scheme {
-        Scheme::Rc | Scheme::RcOob => "RDMA is not built in: enable zerocast's `rdma` feature".to_owned(),
+        Scheme::Rc | Scheme::RcOob => {
+            "the RDMA RC backend is not built into this zerocast (its `rdma` feature gives device access only)"
+                .to_owned()
+        }
         Scheme::Ud | Scheme::Mcast => "datagram endpoints open with zerocast::datagram::bind".to_owned(),
         other => format!("{other} is not built into this zerocast; enable its feature"),
     };

@@ -54,6 +54,9 @@ pub use error::{
     CodecError, ConnError, ConnectError, Error, PoolError, RecvError, SendError, TypedRecvError,
 };
 
+/// RDMA device access (verbs device, protection domain, registered memory).
+#[cfg(feature = "rdma")]
+pub use zerocast_rdma as rdma;
 /// Derive `Yokeable` on borrowing message types for [`Receiver::recv_ref`].
 pub use yoke;
 /// The layers beneath, for users who need them.

@@ -61,9 +61,7 @@ pub type Reposts = crossbeam_channel::Receiver<Option<Buf>>;
 /// receive buffer (`None`: the buffer was lost, post a fresh one); the
 /// backend reposts it and then calls [`Driver::on_reposted`], which is what
 /// returns the credit.
-pub fn new(
-    setup: LinkSetup,
-) -> Result<(Link, Driver, Option<Reposts>), ConnError> {
+pub fn new(setup: LinkSetup) -> Result<(Link, Driver, Option<Reposts>), ConnError> {
     let credits = Credits::new(setup.config.recv_window, setup.peer_hello.window)?;
     let max_message = setup.config.max_payload.min(setup.peer_hello.max_payload) as usize;
     let (shared, outgoing, reposts) = shared::Shared::new(setup, credits, max_message);

@@ -54,15 +54,16 @@ pub use error::{
     CodecError, ConnError, ConnectError, Error, PoolError, RecvError, SendError, TypedRecvError,
 };
 
-/// RDMA device access (verbs device, protection domain, registered memory).
-#[cfg(feature = "rdma")]
-pub use zerocast_rdma as rdma;
-/// Derive `Yokeable` on borrowing message types for [`Receiver::recv_ref`].
+/// The `yoke` zerocast uses for [`Receiver::recv_ref`]. Deriving `Yokeable`
+/// on a message type needs `yoke` (feature `derive`) as a direct dependency.
 pub use yoke;
 /// The layers beneath, for users who need them.
 pub use zerocast_core as core;
 pub use zerocast_core::{Caps, Endpoint, LinkConfig, Scheme};
 pub use zerocast_link::{LinkStats, RecvBuf};
 pub use zerocast_mem::{Buf, Pool, PoolConfig, PoolStats};
+/// RDMA device access (verbs device, protection domain, registered memory).
+#[cfg(feature = "rdma")]
+pub use zerocast_rdma as rdma;
 #[cfg(feature = "tcp")]
 pub use zerocast_tcp::TcpConfig;

@@ -1,79 +1,23 @@
 //! Steady-state `alloc` + drop never touches the global allocator.
 //!
 //! A binary of its own, because it installs a counting `#[global_allocator]`.
-//! Only allocations made on this test's thread while `COUNTING` is set count.
+//! It counts every thread of the process, so the checks run in one test.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use zerocast_mem::{Pool, PoolConfig, PoolError, Wait};
-
-struct Counting;
-
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-fn note() {
-    // `try_with`: the thread-local may already be gone while a thread exits.
-    if COUNTING.try_with(Cell::get).unwrap_or(false) {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments
-// unchanged, so `System`'s guarantees hold; the counting itself neither
-// allocates (a const-initialized thread-local `Cell` and an atomic) nor unwinds.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: forwarded from our caller, who upholds `GlobalAlloc::alloc`'s contract.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: as in `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: `ptr` was allocated by `System` (all our allocations are),
-        // with `layout`; the caller upholds the rest of `realloc`'s contract.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        note();
-        // SAFETY: `ptr` was allocated by `System` with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use zerocast_mem::{CountingAlloc, Pool, PoolConfig, PoolError, Wait};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
-/// Run `f` and count the heap allocations it makes on this thread.
+/// Run `f` and count the heap allocations the process makes meanwhile.
 fn counted<R>(f: impl FnOnce() -> R) -> (R, usize) {
-    // One counting window at a time, so the tests (run on parallel threads)
-    // don't see each other's counts in the shared counter.
-    static SERIAL: Mutex<()> = Mutex::new(());
-    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
-    let before = ALLOCS.load(Ordering::Relaxed);
-    COUNTING.with(|c| c.set(true));
-    let r = f();
-    COUNTING.with(|c| c.set(false));
-    (r, ALLOCS.load(Ordering::Relaxed) - before)
+    CountingAlloc::count(f)
 }
 
 #[test]
 fn steady_state_alloc_and_free_do_not_touch_the_heap() {
+    failing_at_the_cap_does_not_touch_the_heap();
     let cfg = PoolConfig::default()
         .with_classes([512, 8192, 65_536 + 64])
         .with_max_bytes(8 << 20)
@@ -112,7 +56,8 @@ fn steady_state_alloc_and_free_do_not_touch_the_heap() {
     assert_eq!((s.buffers_in_use, s.buffers_free), (0, s.buffers_total));
 }
 
-#[test]
+/// Part of the one test above: the counter sees every thread, so the
+/// checks run one after another, not as parallel tests.
 fn failing_at_the_cap_does_not_touch_the_heap() {
     let cfg = PoolConfig::default().with_classes([1024]).with_region_size(4096).with_max_bytes(4096);
     let pool = Pool::unregistered(cfg).unwrap();

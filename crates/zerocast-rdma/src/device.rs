@@ -73,6 +73,11 @@ impl Device {
         }
     }
 
+    /// A device on an already wrapped context and its chosen port.
+    pub(crate) fn from_parts(ctx: Arc<Context>, port: u8) -> Self {
+        Self { ctx, port }
+    }
+
     /// The device's name, such as `"rxe0"`.
     pub fn name(&self) -> &str {
         self.ctx.name()
@@ -105,6 +110,9 @@ pub struct Context {
     raw: NonNull<ibv_context>,
     name: String,
     attr: DeviceAttr,
+    /// Whether dropping this closes the device. Contexts borrowed from
+    /// librdmacm (`rdma_get_devices`) belong to it and stay open.
+    owned: bool,
 }
 
 // SAFETY: libibverbs verbs are thread-safe: a context may be used and closed
@@ -124,7 +132,22 @@ impl Context {
         let Some(raw) = NonNull::new(raw) else {
             return Err(DeviceError::Open { device: name, source: std::io::Error::last_os_error() });
         };
-        let mut ctx = Self { raw, name, attr: DeviceAttr::default() };
+        // SAFETY: `raw` was just opened and is owned by the new `Context`.
+        unsafe { Self::wrap(raw, name, true) }
+    }
+
+    /// Wrap the open context `raw` and read its attributes. With `owned`,
+    /// dropping the result closes the device (also on error).
+    ///
+    /// # Safety
+    /// `raw` must be an open context that stays open as long as the result
+    /// lives (for `owned == false`, whoever opened it must keep it open).
+    pub(crate) unsafe fn wrap(
+        raw: NonNull<ibv_context>,
+        name: String,
+        owned: bool,
+    ) -> Result<Arc<Self>, DeviceError> {
+        let mut ctx = Self { raw, name, attr: DeviceAttr::default(), owned };
         let mut attr = MaybeUninit::<ibv_device_attr>::zeroed();
         // SAFETY: `ctx.raw` is an open context and `attr` is a writable
         // `ibv_device_attr` that the call fills in.
@@ -176,7 +199,7 @@ impl Context {
     }
 
     /// The first active port, or the first port and its state when none is active.
-    fn first_active_port(&self) -> Result<Result<u8, (u8, PortState)>, DeviceError> {
+    pub(crate) fn first_active_port(&self) -> Result<Result<u8, (u8, PortState)>, DeviceError> {
         let mut first = None;
         for port in 1..=self.attr.phys_port_cnt.max(1) {
             let attr = self.query_port(port)?;
@@ -191,6 +214,9 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: `self.raw` is open, and every PD (and so every MR) holds an
         // `Arc<Context>`, so nothing allocated from it outlives this call.
         let rc = unsafe { ibv_close_device(self.raw.as_ptr()) };

@@ -212,3 +212,24 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn silent_peer_does_not_delay_others() {
+    let mut cfg = Config::default();
+    cfg.tcp = TcpConfig::default().with_timeouts(Duration::from_secs(3), Duration::from_secs(3));
+    let zc = Zerocast::with_config(cfg);
+    let (listener, addr) = listen(&zc);
+    let _silent = TcpStream::connect(addr).expect("connect");
+    thread::sleep(Duration::from_millis(50));
+    let at = listener.local_endpoint().to_string();
+    let zc2 = zc.clone();
+    let good = thread::spawn(move || zc2.connect(&at).expect("good peer connects"));
+    // The good peer's handshake finishes first although it arrived second.
+    let first = listener.accept().expect("the good peer is accepted first");
+    let good = good.join().expect("join");
+    let mut b = good.alloc(2).expect("alloc");
+    b.copy_from_slice(b"hi");
+    good.send(b).expect("send");
+    assert_eq!(&*first.recv_timeout(Duration::from_secs(5)).expect("recv"), b"hi");
+    assert!(matches!(listener.accept(), Err(ConnectError::Handshake { source: ConnError::TimedOut(_), .. })));
+}

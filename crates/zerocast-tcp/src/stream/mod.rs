@@ -5,9 +5,12 @@ mod reader;
 mod writer;
 
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
+
+use crossbeam_channel::{bounded, Receiver, Sender};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use zerocast_core::{Caps, ConnectError, Endpoint, LinkConfig, Scheme};
@@ -231,7 +234,7 @@ impl zerocast_core::Transport for TcpTransport {
         let bound = sock.local_addr().map_err(io_err)?.as_socket().map(|a| a.port()).unwrap_or(0);
         let local = ep.with_port(bound);
         tracing::debug!(%local, "tcp listening");
-        Ok(TcpListener { sock, transport: self.clone(), local, link })
+        TcpListener::start(sock, self.clone(), local, link)
     }
 
     fn connect(&self, ep: &Endpoint) -> Result<TcpConnection, ConnectError> {
@@ -256,28 +259,105 @@ impl zerocast_core::Transport for TcpTransport {
     }
 }
 
+/// Handshakes run at the same time; past this the acceptor does them itself.
+const MAX_PARALLEL_HANDSHAKES: usize = 64;
+
 /// Accepts `tcp://` connections.
+///
+/// An acceptor thread takes connections and runs each handshake on a thread
+/// of its own, so a slow or silent peer never delays the others; `accept`
+/// hands out connections in the order their handshakes finish.
 #[derive(Debug)]
 pub struct TcpListener {
-    sock: Socket,
-    transport: TcpTransport,
+    sock: Arc<Socket>,
+    ready: Receiver<Result<TcpConnection, ConnectError>>,
+    closed: Arc<AtomicBool>,
     local: Endpoint,
+}
+
+impl TcpListener {
+    fn start(
+        sock: Socket,
+        transport: TcpTransport,
+        local: Endpoint,
+        link: LinkConfig,
+    ) -> Result<Self, ConnectError> {
+        let sock = Arc::new(sock);
+        let closed = Arc::new(AtomicBool::new(false));
+        let (tx, ready) = bounded(128);
+        let acceptor = Acceptor { sock: sock.clone(), closed: closed.clone(), transport, link, tx };
+        let io_err = |e| ConnectError::Io { endpoint: local.to_string(), source: e };
+        thread::Builder::new()
+            .name("zerocast-tcp-accept".into())
+            .spawn(move || acceptor.run())
+            .map_err(io_err)?;
+        Ok(TcpListener { sock, ready, closed, local })
+    }
+}
+
+impl Drop for TcpListener {
+    fn drop(&mut self) {
+        self.closed.store(true, Ordering::SeqCst);
+        // Wakes the acceptor blocked in accept(2).
+        let _ = self.sock.shutdown(Shutdown::Both);
+    }
+}
+
+struct Acceptor {
+    sock: Arc<Socket>,
+    closed: Arc<AtomicBool>,
+    transport: TcpTransport,
     link: LinkConfig,
+    tx: Sender<Result<TcpConnection, ConnectError>>,
+}
+
+impl Acceptor {
+    fn run(self) {
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        loop {
+            let (sock, addr) = match self.sock.accept() {
+                Ok(a) => a,
+                Err(_) if self.closed.load(Ordering::SeqCst) => return,
+                Err(e) => {
+                    let err = ConnectError::Io { endpoint: "tcp listener".into(), source: e };
+                    if self.tx.send(Err(err)).is_err() {
+                        return;
+                    }
+                    // Out of descriptors and the like: do not spin.
+                    thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            };
+            let peer = addr
+                .as_socket()
+                .and_then(|a| Endpoint::parse(&format!("tcp://{a}")).ok())
+                .unwrap_or_else(|| Endpoint::parse("tcp://unknown:0").expect("valid"));
+            let (transport, link, tx) = (self.transport.clone(), self.link, self.tx.clone());
+            let handshake = move || {
+                let _ = tx.send(transport.establish(sock, peer, link));
+            };
+            if in_flight.fetch_add(1, Ordering::SeqCst) < MAX_PARALLEL_HANDSHAKES {
+                let in_flight = in_flight.clone();
+                let spawned = thread::Builder::new().name("zerocast-tcp-hello".into()).spawn(move || {
+                    handshake();
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                });
+                if spawned.is_err() {
+                    tracing::warn!("cannot spawn a handshake thread; dropping one connection");
+                }
+            } else {
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                handshake();
+            }
+        }
+    }
 }
 
 impl zerocast_core::Listener for TcpListener {
     type Conn = TcpConnection;
 
     fn accept(&self) -> Result<TcpConnection, ConnectError> {
-        let (sock, addr) = self
-            .sock
-            .accept()
-            .map_err(|e| ConnectError::Io { endpoint: self.local.to_string(), source: e })?;
-        let peer = match addr.as_socket() {
-            Some(a) => Endpoint::parse(&format!("tcp://{a}"))?,
-            None => self.local.clone(),
-        };
-        self.transport.establish(sock, peer, self.link)
+        self.ready.recv().map_err(|_| ConnectError::Closed)?
     }
 
     fn local_endpoint(&self) -> &Endpoint {

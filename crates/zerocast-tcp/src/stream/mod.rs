@@ -149,6 +149,12 @@ impl TcpTransport {
     ) -> Result<TcpConnection, ConnectError> {
         let io_err = |e| ConnectError::Io { endpoint: peer.to_string(), source: e };
         sock.set_nodelay(true).map_err(io_err)?;
+        // A peer whose host died is noticed even on an idle connection.
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(Duration::from_secs(30))
+            .with_interval(Duration::from_secs(5))
+            .with_retries(4);
+        sock.set_tcp_keepalive(&keepalive).map_err(io_err)?;
         if let Some(n) = self.cfg.send_buffer {
             sock.set_send_buffer_size(n).map_err(io_err)?;
         }

@@ -44,11 +44,38 @@ pub trait Codec: Clone + Default + Send + Sync + 'static {
     fn decode<'de, T: Deserialize<'de>>(&self, bytes: &'de [u8]) -> Result<T, CodecError>;
 }
 
-/// bincode 2 with its standard configuration (little-endian, varints).
+/// The decode limit of [`Bincode`]: 64 MiB.
+pub const DEFAULT_DECODE_LIMIT: usize = 64 << 20;
+
+/// bincode 2 with its standard configuration (little-endian, varints) and a
+/// decode limit of [`DEFAULT_DECODE_LIMIT`].
+///
+/// The limit bounds the memory one decoded message may claim (strings, byte
+/// buffers and collections, counted at their in-memory size). A hostile
+/// length prefix is then a [`CodecError::Decode`], never a huge allocation.
+/// For messages that decode larger, use [`BincodeLimit`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Bincode;
 
+/// [`Bincode`] with a decode limit of `LIMIT` bytes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BincodeLimit<const LIMIT: usize>;
+
 impl Codec for Bincode {
+    fn encode<T: Serialize + ?Sized>(&self, msg: &T, out: &mut [u8]) -> Result<usize, CodecError> {
+        BincodeLimit::<DEFAULT_DECODE_LIMIT>.encode(msg, out)
+    }
+
+    fn encoded_len<T: Serialize + ?Sized>(&self, msg: &T) -> Result<usize, CodecError> {
+        BincodeLimit::<DEFAULT_DECODE_LIMIT>.encoded_len(msg)
+    }
+
+    fn decode<'de, T: Deserialize<'de>>(&self, bytes: &'de [u8]) -> Result<T, CodecError> {
+        BincodeLimit::<DEFAULT_DECODE_LIMIT>.decode(bytes)
+    }
+}
+
+impl<const LIMIT: usize> Codec for BincodeLimit<LIMIT> {
     fn encode<T: Serialize + ?Sized>(&self, msg: &T, out: &mut [u8]) -> Result<usize, CodecError> {
         let capacity = out.len();
         bincode::serde::encode_into_slice(msg, out, bincode::config::standard()).map_err(|e| match e {
@@ -65,7 +92,8 @@ impl Codec for Bincode {
     }
 
     fn decode<'de, T: Deserialize<'de>>(&self, bytes: &'de [u8]) -> Result<T, CodecError> {
-        let (v, used) = bincode::serde::borrow_decode_from_slice(bytes, bincode::config::standard())
+        let config = bincode::config::standard().with_limit::<LIMIT>();
+        let (v, used) = bincode::serde::borrow_decode_from_slice(bytes, config)
             .map_err(|e| CodecError::Decode(e.to_string()))?;
         if used != bytes.len() {
             return Err(CodecError::Trailing { trailing: bytes.len() - used });
@@ -102,5 +130,7 @@ mod tests {
         // A huge claimed length is an error, not an allocation.
         let evil = [0xfdu8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x0f];
         assert!(Bincode.decode::<Vec<u64>>(&evil).is_err());
+        assert!(Bincode.decode::<String>(&evil).is_err());
+        assert!(Bincode.decode::<Vec<u8>>(&evil).is_err());
     }
 }

@@ -17,6 +17,8 @@ pub(crate) enum Flavor {
     Mem(zerocast_inproc::MemConnection),
     #[cfg(feature = "tcp")]
     Tcp(zerocast_tcp::TcpConnection),
+    #[cfg(feature = "rdma")]
+    Rc(zerocast_rdma::RcConnection),
 }
 
 macro_rules! each {
@@ -26,6 +28,8 @@ macro_rules! each {
             Flavor::Mem($c) => $e,
             #[cfg(feature = "tcp")]
             Flavor::Tcp($c) => $e,
+            #[cfg(feature = "rdma")]
+            Flavor::Rc($c) => $e,
         }
     };
 }
@@ -64,6 +68,8 @@ impl Connection {
             Flavor::Mem(_) => Scheme::Mem,
             #[cfg(feature = "tcp")]
             Flavor::Tcp(_) => Scheme::Tcp,
+            #[cfg(feature = "rdma")]
+            Flavor::Rc(_) => Scheme::Rc,
         }
     }
 
@@ -158,6 +164,8 @@ pub(crate) enum ListenerFlavor {
     Mem(zerocast_inproc::MemListener),
     #[cfg(feature = "tcp")]
     Tcp(zerocast_tcp::TcpListener),
+    #[cfg(feature = "rdma")]
+    Rc(zerocast_rdma::RcListener),
 }
 
 /// Accepts connections at an endpoint.
@@ -175,6 +183,8 @@ impl Listener {
             ListenerFlavor::Mem(l) => Flavor::Mem(l.accept()?),
             #[cfg(feature = "tcp")]
             ListenerFlavor::Tcp(l) => Flavor::Tcp(l.accept()?),
+            #[cfg(feature = "rdma")]
+            ListenerFlavor::Rc(l) => Flavor::Rc(l.accept()?),
         }))
     }
 
@@ -185,6 +195,8 @@ impl Listener {
             ListenerFlavor::Mem(l) => l.local_endpoint(),
             #[cfg(feature = "tcp")]
             ListenerFlavor::Tcp(l) => l.local_endpoint(),
+            #[cfg(feature = "rdma")]
+            ListenerFlavor::Rc(l) => l.local_endpoint(),
         }
     }
 }

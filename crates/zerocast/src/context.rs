@@ -22,6 +22,10 @@ pub struct Config {
     /// TCP socket settings.
     #[cfg(feature = "tcp")]
     pub tcp: zerocast_tcp::TcpConfig,
+    /// RDMA RC settings (`rc://`, `rc+oob://`); their `link` is replaced
+    /// by [`Config::link`].
+    #[cfg(feature = "rdma")]
+    pub rc: zerocast_rdma::RcConfig,
 }
 
 impl Default for Config {
@@ -32,6 +36,8 @@ impl Default for Config {
             pool: PoolConfig::default(),
             #[cfg(feature = "tcp")]
             tcp: zerocast_tcp::TcpConfig::default(),
+            #[cfg(feature = "rdma")]
+            rc: zerocast_rdma::RcConfig::default(),
         }
     }
 }
@@ -46,6 +52,13 @@ impl Config {
     /// Set the pool settings.
     pub fn with_pool(mut self, pool: PoolConfig) -> Self {
         self.pool = pool;
+        self
+    }
+
+    /// Set the RDMA RC settings.
+    #[cfg(feature = "rdma")]
+    pub fn with_rc(mut self, rc: zerocast_rdma::RcConfig) -> Self {
+        self.rc = rc;
         self
     }
 }
@@ -69,6 +82,9 @@ pub struct Zerocast {
 struct Inner {
     cfg: Config,
     pool: OnceLock<Result<Pool, String>>,
+    /// The RC transport, with its own registered pool (created on first use).
+    #[cfg(feature = "rdma")]
+    rc: OnceLock<Result<zerocast_rdma::RcTransport, String>>,
 }
 
 impl Default for Zerocast {
@@ -85,7 +101,14 @@ impl Zerocast {
 
     /// The given settings.
     pub fn with_config(cfg: Config) -> Self {
-        Self { inner: Arc::new(Inner { cfg, pool: OnceLock::new() }) }
+        Self {
+            inner: Arc::new(Inner {
+                cfg,
+                pool: OnceLock::new(),
+                #[cfg(feature = "rdma")]
+                rc: OnceLock::new(),
+            }),
+        }
     }
 
     /// The settings.
@@ -117,6 +140,8 @@ impl Zerocast {
             Scheme::Tcp => Flavor::Tcp(zerocast_core::Transport::connect(&self.tcp()?, &ep)?),
             #[cfg(feature = "mem")]
             Scheme::Mem => Flavor::Mem(zerocast_core::Transport::connect(&self.mem()?, &ep)?),
+            #[cfg(feature = "rdma")]
+            Scheme::Rc | Scheme::RcOob => Flavor::Rc(zerocast_core::Transport::connect(&self.rc()?, &ep)?),
             other => return Err(unavailable(other)),
         };
         Ok(Connection::new(flavor))
@@ -130,6 +155,10 @@ impl Zerocast {
             Scheme::Tcp => ListenerFlavor::Tcp(zerocast_core::Transport::listen(&self.tcp()?, &ep)?),
             #[cfg(feature = "mem")]
             Scheme::Mem => ListenerFlavor::Mem(zerocast_core::Transport::listen(&self.mem()?, &ep)?),
+            #[cfg(feature = "rdma")]
+            Scheme::Rc | Scheme::RcOob => {
+                ListenerFlavor::Rc(zerocast_core::Transport::listen(&self.rc()?, &ep)?)
+            }
             other => return Err(unavailable(other)),
         };
         Ok(Listener { flavor })
@@ -167,6 +196,20 @@ impl Zerocast {
         zerocast_tcp::TcpTransport::new(self.pool()?, cfg)
     }
 
+    /// The RC transport (opened on first use: device, protection domain and
+    /// a pool registered in it, shaped like [`Config::pool`]).
+    #[cfg(feature = "rdma")]
+    pub fn rc(&self) -> Result<zerocast_rdma::RcTransport, ConnectError> {
+        self.inner
+            .rc
+            .get_or_init(|| {
+                let cfg = self.inner.cfg.rc.clone().with_link(self.inner.cfg.link);
+                zerocast_rdma::RcTransport::new(cfg, self.inner.cfg.pool.clone()).map_err(|e| error_chain(&e))
+            })
+            .clone()
+            .map_err(|e| ConnectError::Transport(e.into()))
+    }
+
     #[cfg(feature = "mem")]
     fn mem(&self) -> Result<zerocast_inproc::MemTransport, ConnectError> {
         zerocast_inproc::MemTransport::new(self.pool()?, self.inner.cfg.link)
@@ -184,16 +227,32 @@ fn usable(scheme: Scheme) -> Result<(), String> {
         Scheme::Tcp => Ok(()),
         #[cfg(feature = "mem")]
         Scheme::Mem => Ok(()),
+        #[cfg(feature = "rdma")]
+        Scheme::Rc | Scheme::RcOob => {
+            zerocast_rdma::open_cm_device(None).map(drop).map_err(|e| format!("no usable RDMA device: {e}"))
+        }
         Scheme::Ud | Scheme::Mcast => Err("a datagram transport; use zerocast::datagram".into()),
         other => Err(format!("{other} is not built into this zerocast")),
     }
 }
 
+/// An error and its sources on one line.
+#[cfg(feature = "rdma")]
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
+}
+
 fn unavailable(scheme: Scheme) -> ConnectError {
     let reason = match scheme {
         Scheme::Rc | Scheme::RcOob => {
-            "the RDMA RC backend is not built into this zerocast (its `rdma` feature gives device access only)"
-                .to_owned()
+            "the RDMA RC backend is not built into this zerocast; enable its `rdma` feature".to_owned()
         }
         Scheme::Ud | Scheme::Mcast => "datagram endpoints open with zerocast::datagram::bind".to_owned(),
         other => format!("{other} is not built into this zerocast; enable its feature"),

@@ -47,7 +47,7 @@ mod error;
 
 pub use borrow::Guard;
 pub use channel::{Receiver, Sender};
-pub use codec::{Bincode, Codec};
+pub use codec::{Bincode, BincodeLimit, Codec};
 pub use conn::{Connection, Listener};
 pub use context::{connect, global, listen, Config, Zerocast};
 pub use error::{

@@ -145,7 +145,7 @@ impl Pool {
             .classes
             .iter()
             .position(|c| c.layout.size >= size)
-            .ok_or(PoolError::TooLarge { requested: size, max: self.max_buf_size() })
+            .ok_or_else(|| PoolError::TooLarge { requested: size, max: self.max_buf_size() })
     }
 
     /// The largest size [`alloc`](Self::alloc) serves: the largest class.

@@ -1,10 +1,11 @@
 //! The reader thread: decode frames from the socket into pool buffers.
 //!
 //! Small frames are read many at a time into a staging buffer and their
-//! payloads copied into pool buffers; the rest of a large payload is read
-//! straight into its pool buffer.
+//! payloads copied into pool buffers. The rest of a large payload is read
+//! straight into its pool buffer, with a little staging behind it in the
+//! same `readv` to pick up the next header.
 
-use std::io::{ErrorKind, Read};
+use std::io::{ErrorKind, IoSliceMut, Read};
 use std::net::Shutdown;
 use std::time::Duration;
 
@@ -13,7 +14,12 @@ use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
 use zerocast_link::Driver;
 use zerocast_mem::{Buf, Wait};
 
-const STAGING: usize = 64 * 1024;
+/// Staging for headers and small frames.
+const STAGING: usize = 16 * 1024;
+/// Payloads at least this long are read straight into their pool buffer.
+const DIRECT: usize = STAGING / 4;
+/// Staging read behind a direct payload read.
+const TAIL: usize = 4096;
 
 /// Why reading stopped.
 enum Stop {
@@ -77,16 +83,24 @@ impl Reader<'_> {
         self.start += staged;
         let mut got = staged;
         while got < len {
-            if len - got < STAGING / 4 {
-                // Small remainder: go through staging to pick up what follows too.
+            if len < DIRECT {
+                // Small frame: go through staging to pick up what follows too.
                 let want = len - got;
                 self.fill(want, false).map_err(|s| truncated(s, got, len))?;
                 buf[got..len].copy_from_slice(&self.staging[self.start..self.start + want]);
                 self.start += want;
                 got = len;
             } else {
-                let n = read_some(self.sock, &mut buf[got..len]).map_err(|s| truncated(s, got, len))?;
-                got += n;
+                // Staging is drained (the payload outlasted it): read the
+                // payload in place and the start of what follows behind it.
+                self.start = 0;
+                self.end = 0;
+                let mut iov =
+                    [IoSliceMut::new(&mut buf[got..len]), IoSliceMut::new(&mut self.staging[..TAIL])];
+                let n = read_some(self.sock, &mut iov).map_err(|s| truncated(s, got, len))?;
+                let direct = n.min(len - got);
+                got += direct;
+                self.end = n - direct;
             }
         }
         Ok(buf)
@@ -129,11 +143,11 @@ impl Reader<'_> {
     }
 }
 
-fn read_some(sock: &Socket, out: &mut [u8]) -> Result<usize, Stop> {
+fn read_some(sock: &Socket, iov: &mut [IoSliceMut<'_>]) -> Result<usize, Stop> {
     let mut s = sock;
     loop {
-        match s.read(out) {
-            Ok(0) => return Err(Stop::Failed(ConnError::Truncated { got: 0, expected: out.len() as u64 })),
+        match s.read_vectored(iov) {
+            Ok(0) => return Err(Stop::Failed(ConnError::Truncated { got: 0, expected: 1 })),
             Ok(n) => return Ok(n),
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) if is_timeout(&e) => {

@@ -1,4 +1,8 @@
 //! The writer thread: gather queued frames into one `writev` per batch.
+//!
+//! Headers and small payloads are copied into one contiguous staging buffer
+//! (a kernel copy of one long slice is far cheaper than of many short ones);
+//! payloads above [`COPY_MAX`] go out from their pool buffer, zero-copy.
 
 use std::io::{ErrorKind, IoSlice, Write};
 use std::net::Shutdown;
@@ -7,14 +11,25 @@ use socket2::Socket;
 use zerocast_core::HEADER_LEN;
 use zerocast_link::{Driver, Frame};
 
-/// Frames per `writev` call (two iovecs each, well under `IOV_MAX`).
+/// Frames per `writev` call.
 const CHUNK: usize = 64;
+/// Payloads up to this size are copied into the staging buffer.
+const COPY_MAX: usize = 2048;
+
+/// A piece of one `writev`: a range of staging, or a frame's own payload.
+#[derive(Clone, Copy)]
+enum Piece {
+    Staged(usize, usize),
+    Payload(usize),
+}
 
 pub(super) fn run(sock: &Socket, driver: &Driver, max_batch: usize) {
     let mut batch: Vec<Frame> = Vec::with_capacity(max_batch + 2);
+    // Sized once for the worst chunk, so it never grows while running.
+    let mut staging: Vec<u8> = Vec::with_capacity(CHUNK * (HEADER_LEN + COPY_MAX));
     while driver.next_batch(&mut batch) {
         for chunk in batch.chunks(CHUNK) {
-            if let Err(e) = write_chunk(sock, chunk) {
+            if let Err(e) = write_chunk(sock, chunk, &mut staging) {
                 tracing::debug!(peer = %driver.peer(), error = %e, "tcp writer stops");
                 driver.fail(e.into());
                 let _ = sock.shutdown(Shutdown::Both);
@@ -27,22 +42,35 @@ pub(super) fn run(sock: &Socket, driver: &Driver, max_batch: usize) {
     let _ = sock.shutdown(Shutdown::Write);
 }
 
-fn write_chunk(sock: &Socket, frames: &[Frame]) -> std::io::Result<()> {
-    let mut headers = [[0u8; HEADER_LEN]; CHUNK];
-    for (h, f) in headers.iter_mut().zip(frames) {
-        *h = f.header.encode();
-    }
-    let mut iov = [IoSlice::new(&[]); 2 * CHUNK];
+fn write_chunk(sock: &Socket, frames: &[Frame], staging: &mut Vec<u8>) -> std::io::Result<()> {
+    debug_assert!(frames.len() <= CHUNK);
+    let mut pieces = [Piece::Staged(0, 0); 2 * CHUNK + 1];
     let mut n = 0;
-    for (h, f) in headers.iter().zip(frames) {
-        iov[n] = IoSlice::new(h);
-        n += 1;
-        if let Some(p) = &f.payload {
-            if !p.is_empty() {
-                iov[n] = IoSlice::new(p);
-                n += 1;
+    staging.clear();
+    let mut run_start = 0;
+    for (i, f) in frames.iter().enumerate() {
+        staging.extend_from_slice(&f.header.encode());
+        match &f.payload {
+            Some(p) if p.len() > COPY_MAX => {
+                pieces[n] = Piece::Staged(run_start, staging.len());
+                pieces[n + 1] = Piece::Payload(i);
+                n += 2;
+                run_start = staging.len();
             }
+            Some(p) => staging.extend_from_slice(p),
+            None => {}
         }
+    }
+    if run_start < staging.len() {
+        pieces[n] = Piece::Staged(run_start, staging.len());
+        n += 1;
+    }
+    let mut iov = [IoSlice::new(&[]); 2 * CHUNK + 1];
+    for (slot, piece) in iov.iter_mut().zip(&pieces[..n]) {
+        *slot = match *piece {
+            Piece::Staged(a, b) => IoSlice::new(&staging[a..b]),
+            Piece::Payload(i) => IoSlice::new(frames[i].payload.as_deref().unwrap_or(&[])),
+        };
     }
     let mut slices = &mut iov[..n];
     let mut w = sock;

@@ -1,0 +1,191 @@
+//! The same-run ratio harness: each zerocast pipe and its baseline run
+//! alternately, several rounds each, in one process; what is printed is the
+//! median (and spread) of the per-round throughput ratios, never an absolute
+//! rate. On a noisy two-core machine this is the number to trust.
+//!
+//! ```text
+//! cargo bench -p zerocast-benches --bench ratios            # every case
+//! cargo bench -p zerocast-benches --bench ratios -- 64KiB   # cases whose name contains "64KiB"
+//! ZEROCAST_BENCH_ROUNDS=9 cargo bench -p zerocast-benches --bench ratios
+//! ```
+
+use std::time::{Duration, Instant};
+
+use zerocast_benches::{
+    bench_link, median, msgs_per_batch, run, Baseline, BoxError, Pipe, RawPipe, Small, TypedPipe, ZcPipe,
+};
+
+/// Time each side runs per round (and before the first round, to warm up).
+const PER_ROUND: Duration = Duration::from_millis(500);
+/// The same, as a smoke test under `cargo test --benches`.
+const PER_ROUND_TEST: Duration = Duration::from_millis(20);
+
+type Pair = (Box<dyn Pipe>, Box<dyn Pipe>);
+
+struct Case {
+    name: &'static str,
+    /// What is compared: "A / B" as throughput(A) / throughput(B).
+    what: &'static str,
+    /// The ratio the project aims for, at least.
+    goal: Option<f64>,
+    make: fn() -> Result<Pair, BoxError>,
+}
+
+const TCP: &str = "tcp://127.0.0.1:0";
+
+fn zc_vs_raw(size: usize, mode: Baseline) -> Result<Pair, BoxError> {
+    let n = msgs_per_batch(size);
+    Ok((Box::new(ZcPipe::new(TCP, size, n)?), Box::new(RawPipe::new(mode, size, n)?)))
+}
+
+fn mem_vs_raw(size: usize, mode: Baseline) -> Result<Pair, BoxError> {
+    let n = msgs_per_batch(size);
+    Ok((Box::new(ZcPipe::new("mem://ratios-raw", size, n)?), Box::new(RawPipe::new(mode, size, n)?)))
+}
+
+fn raw_vs_raw(size: usize, a: Baseline, b: Baseline) -> Result<Pair, BoxError> {
+    let n = msgs_per_batch(size);
+    Ok((Box::new(RawPipe::new(a, size, n)?), Box::new(RawPipe::new(b, size, n)?)))
+}
+
+fn zc_window_vs_raw(size: usize, window: u32) -> Result<Pair, BoxError> {
+    let n = msgs_per_batch(size);
+    let link = bench_link().with_recv_window(window);
+    Ok((
+        Box::new(ZcPipe::with_link(TCP, size, n, link)?),
+        Box::new(RawPipe::new(Baseline::Batched, size, n)?),
+    ))
+}
+
+fn typed_vs_raw(uri: &str) -> Result<Pair, BoxError> {
+    let template = Small::sample(0, 24);
+    let size = template.encoded_len();
+    let n = msgs_per_batch(size);
+    Ok((Box::new(TypedPipe::new(uri, template, n)?), Box::new(ZcPipe::new(uri, size, n)?)))
+}
+
+const CASES: &[Case] = &[
+    Case {
+        name: "tcp_throughput/64B",
+        what: "zerocast / raw socket (batched)",
+        goal: None,
+        make: || zc_vs_raw(64, Baseline::Batched),
+    },
+    Case {
+        name: "tcp_throughput/4KiB",
+        what: "zerocast / raw socket (batched)",
+        goal: None,
+        make: || zc_vs_raw(4096, Baseline::Batched),
+    },
+    Case {
+        name: "tcp_throughput/64KiB",
+        what: "zerocast / raw socket (batched)",
+        goal: Some(0.95),
+        make: || zc_vs_raw(65_536, Baseline::Batched),
+    },
+    Case {
+        name: "naive_small/64B",
+        what: "zerocast / naive socket (write per msg)",
+        goal: Some(5.0),
+        make: || zc_vs_raw(64, Baseline::Naive),
+    },
+    Case {
+        name: "typed_vs_raw/tcp/60B",
+        what: "typed Sender<Small> / raw buffers",
+        goal: None,
+        make: || typed_vs_raw(TCP),
+    },
+    Case {
+        name: "typed_vs_raw/mem/60B",
+        what: "typed Sender<Small> / raw buffers",
+        goal: None,
+        make: || typed_vs_raw("mem://ratios"),
+    },
+    // Diagnostics: where the gaps above come from.
+    Case {
+        name: "diag/64B/zc_vs_writev",
+        what: "zerocast / socket with zerocast's writev shape",
+        goal: None,
+        make: || zc_vs_raw(64, Baseline::Gathered),
+    },
+    Case {
+        name: "diag/64B/writev_vs_batched",
+        what: "writev of 64 x [16 B hdr, 64 B] / batched socket",
+        goal: None,
+        make: || raw_vs_raw(64, Baseline::Gathered, Baseline::Batched),
+    },
+    Case {
+        name: "diag/64B/mem_vs_naive",
+        what: "zerocast over mem:// (no socket) / naive socket",
+        goal: None,
+        make: || mem_vs_raw(64, Baseline::Naive),
+    },
+    Case {
+        name: "diag/64KiB/window32",
+        what: "zerocast, recv_window 32 / raw socket (batched)",
+        goal: None,
+        make: || zc_window_vs_raw(65_536, 32),
+    },
+];
+
+/// Batches of `p` that take about `t`, measured by running it for `t`.
+fn calibrate(p: &mut dyn Pipe, t: Duration) -> u64 {
+    let start = Instant::now();
+    let mut batches = 0u64;
+    while start.elapsed() < t {
+        p.batch();
+        batches += 1;
+    }
+    batches.max(1)
+}
+
+fn rate(p: &dyn Pipe, reps: u64, took: Duration) -> f64 {
+    (p.msgs() * reps) as f64 / took.as_secs_f64()
+}
+
+fn main() -> Result<(), BoxError> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    // `cargo bench` passes `--bench`; without it (`cargo test --benches`)
+    // this is a quick smoke test whose numbers mean nothing.
+    let bench = args.iter().any(|a| a == "--bench");
+    let (mut rounds, per_round) = if bench { (5, PER_ROUND) } else { (1, PER_ROUND_TEST) };
+    if let Ok(s) = std::env::var("ZEROCAST_BENCH_ROUNDS") {
+        rounds = s.parse().map_err(|_| format!("ZEROCAST_BENCH_ROUNDS={s} is not a number"))?;
+    }
+    if !bench {
+        println!("smoke test (run with `cargo bench` for real numbers)");
+    }
+    println!("same-run throughput ratios, {rounds} alternating rounds of ~{per_round:?} per side (median [min..max])");
+    println!();
+    println!("| case | ratio | median | min | max | goal |");
+    println!("|---|---|---:|---:|---:|---|");
+    for case in
+        CASES.iter().filter(|c| filters.is_empty() || filters.iter().any(|f| c.name.contains(f.as_str())))
+    {
+        let (mut a, mut b) = (case.make)()?;
+        let reps_a = calibrate(a.as_mut(), per_round);
+        let reps_b = calibrate(b.as_mut(), per_round);
+        let mut ratios = Vec::with_capacity(rounds);
+        for round in 0..rounds {
+            // Alternate who goes first, so a drift in machine load hits both.
+            let (ta, tb) = if round % 2 == 0 {
+                let ta = run(a.as_mut(), reps_a);
+                (ta, run(b.as_mut(), reps_b))
+            } else {
+                let tb = run(b.as_mut(), reps_b);
+                (run(a.as_mut(), reps_a), tb)
+            };
+            ratios.push(rate(a.as_ref(), reps_a, ta) / rate(b.as_ref(), reps_b, tb));
+        }
+        let (lo, hi) = ratios.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+        let med = median(&ratios);
+        let goal = match case.goal {
+            Some(g) if med >= g => format!("≥ {g}: met"),
+            Some(g) => format!("≥ {g}: MISSED"),
+            None => "-".to_owned(),
+        };
+        println!("| {} | {} | {med:.2}x | {lo:.2}x | {hi:.2}x | {goal} |", case.name, case.what);
+    }
+    Ok(())
+}

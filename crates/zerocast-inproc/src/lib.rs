@@ -140,7 +140,9 @@ fn pump(from: Driver, to: Driver, dir: &str) -> std::io::Result<()> {
         let mut batch = Vec::with_capacity(64);
         while from.next_batch(&mut batch) {
             for f in batch.drain(..) {
-                if to.on_frame(f.header, f.payload).is_err() {
+                if let Err(e) = to.on_frame(f.header, f.payload) {
+                    // Both sides see the failure; nothing more moves.
+                    from.fail(e);
                     return;
                 }
             }

@@ -127,6 +127,16 @@ fn busy_poll_mode_integrity() {
     assert_rc_pool_drained(&t);
 }
 
+/// Integrity with the completion thread sleeping on a completion channel
+/// (`ibv_req_notify_cq` + `ibv_get_cq_event`), the default, named here.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn completion_channel_mode_integrity() {
+    let t = transport_with("rc", 16, RcConfig::default().with_completion(CompletionMode::Channel));
+    suite::integrity(&t, 20_000);
+    assert_rc_pool_drained(&t);
+}
+
 /// `timeout = 0` (wait forever on rxe) is refused with a message.
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
@@ -149,9 +159,9 @@ fn rnr_counters() -> (u64, u64) {
     (read("rcvd_rnr_err"), read("send_rnr_err"))
 }
 
-/// Messages in the no-RNR test. The issue asks for 200k; TCG runs about
-/// 20k of these in well under two minutes, so 20k it is.
-const RNR_MESSAGES: u64 = 20_000;
+/// Messages in the no-RNR test. The issue asks for 200k, which takes
+/// about 110 s under TCG; 100k (about 55 s) keeps the test under a minute.
+const RNR_MESSAGES: u64 = 100_000;
 
 /// With `rnr_retry = 0`, any RNR is a hard error. A receiver that sleeps
 /// between receives still sees every message, and the device's RNR
@@ -177,7 +187,7 @@ fn no_rnr_under_slow_receiver() {
             Ok(msg) => {
                 assert_eq!(u64::from_le_bytes(msg[..8].try_into().expect("8 bytes")), n);
                 n += 1;
-                if n % 16 == 0 {
+                if n & 15 == 0 {
                     thread::sleep(Duration::from_millis(1));
                 }
             }
@@ -229,9 +239,78 @@ fn rnr_without_credits_is_a_typed_error() {
         assert!(start.elapsed() < Duration::from_secs(5), "no RNR error without credits");
     };
     let took = start.elapsed();
-    println!("RNR error after {took:?}: {err}");
+    println!("RNR error after {took:?}: {err}: {:?}", rc_error(&err).map(ToString::to_string));
     assert!(matches!(rc_error(&err), Some(RcError::RnrRetryExceeded)), "not an RNR error: {err:?}");
     assert!(took < Duration::from_secs(1), "RNR took {took:?}");
     drop(client);
     reader.join().expect("reader");
+}
+
+/// Set in the child process of [`peer_killed_mid_stream`]: the URI to connect to.
+const PEER_CHILD_ENV: &str = "ZEROCAST_RC_PEER_CHILD";
+
+/// The child: connect and read forever (until killed).
+fn peer_child(uri: &str) {
+    let conn = Zerocast::new().connect(uri).expect("child connect");
+    while conn.recv_timeout(Duration::from_secs(60)).is_ok() {}
+}
+
+fn peer_killed(scheme: &str, test_name: &str) {
+    if let Ok(uri) = std::env::var(PEER_CHILD_ENV) {
+        peer_child(&uri);
+        return;
+    }
+    let t = transport_with(scheme, 16, RcConfig::default());
+    let listener = t.zc.listen(t.listen_uri).expect("listen");
+    let at = listener.local_endpoint().to_string();
+    let mut child = std::process::Command::new(std::env::current_exe().expect("current exe"))
+        .args(["--ignored", "--exact", test_name, "--nocapture", "--test-threads=1"])
+        .env(PEER_CHILD_ENV, &at)
+        .spawn()
+        .expect("spawn child");
+    let conn = listener.accept().expect("accept");
+    for i in 0..200u32 {
+        let mut buf = conn.alloc(1024).expect("alloc");
+        buf[..4].copy_from_slice(&i.to_le_bytes());
+        conn.send(buf).expect("send before the kill");
+    }
+    child.kill().expect("kill child");
+    let killed = Instant::now();
+    let _ = child.wait();
+    let err = loop {
+        let buf = conn.alloc(1024).expect("alloc");
+        match conn.send_timeout(buf, Duration::from_millis(100)) {
+            Ok(()) | Err(SendError::Timeout(_)) => {}
+            Err(SendError::Failed(_, e)) => break e,
+            Err(e) => panic!("expected a failure, got {e:?}"),
+        }
+        assert!(killed.elapsed() < Duration::from_secs(5), "no error within 5 s of the peer's death");
+    };
+    let took = killed.elapsed();
+    println!(
+        "{scheme}: peer killed, typed error after {took:?}: {err}: {:?}",
+        rc_error(&err).map(ToString::to_string)
+    );
+    assert!(
+        matches!(rc_error(&err), Some(RcError::PeerDisconnected | RcError::RetryExceeded)),
+        "not a peer-gone error: {err:?}"
+    );
+    drop(conn);
+    drop(listener);
+    assert_rc_pool_drained(&t);
+}
+
+/// A peer process killed mid-stream: the sender sees a typed error within
+/// 5 s (TCG is slow) and every buffer returns to the pool.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn peer_killed_mid_stream() {
+    peer_killed("rc", "peer_killed_mid_stream");
+}
+
+/// As [`peer_killed_mid_stream`], over the TCP side channel.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn peer_killed_mid_stream_oob() {
+    peer_killed("rc+oob", "peer_killed_mid_stream_oob");
 }

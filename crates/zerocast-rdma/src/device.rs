@@ -408,6 +408,8 @@ pub struct PortAttr {
     pub gid_tbl_len: u32,
     /// Whether the link layer is Ethernet (RoCE) rather than InfiniBand.
     pub ethernet: bool,
+    /// The port's LID (InfiniBand; 0 on RoCE).
+    pub lid: u16,
 }
 
 impl PortAttr {
@@ -420,6 +422,7 @@ impl PortAttr {
             max_msg_sz: raw.max_msg_sz,
             gid_tbl_len: u32::try_from(raw.gid_tbl_len).unwrap_or(0),
             ethernet: raw.link_layer == LINK_LAYER_ETHERNET,
+            lid: raw.lid,
         }
     }
 }

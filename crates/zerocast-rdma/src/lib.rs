@@ -1,30 +1,49 @@
 //! RDMA verbs backend for zerocast.
 //!
-//! What it does today:
-//! - finds and opens a verbs device ([`Device::open`]), by name or as the first
-//!   device with an active port, and reports its port state and MTU;
-//! - owns the verbs objects with the right drop order: a [`MemoryRegion`] holds
-//!   its [`ProtectionDomain`], which holds its [`Context`], so the region is
-//!   deregistered before the PD is freed and the PD before the device closes;
+//! What it does:
+//! - finds and opens a verbs device ([`Device::open`], or
+//!   [`open_cm_device`] for the context rdma_cm itself uses), by name or as
+//!   the first device with an active port;
+//! - owns the verbs objects with the right drop order: a [`MemoryRegion`]
+//!   holds its [`ProtectionDomain`], which holds its [`Context`]; a queue
+//!   pair holds its CQ, PD and (under rdma_cm) its CM id;
 //! - registers memory, directly or through [`VerbsRegistrar`], the
-//!   [`zerocast_mem::Registrar`] that makes a zerocast pool's regions usable by
-//!   the device.
+//!   [`zerocast_mem::Registrar`] that makes a zerocast pool usable by the device;
+//! - **`rc://`** ([`RcTransport`]): reliable connections set up with rdma_cm
+//!   (the hello travels as connect/accept private data), and
+//!   **`rc+oob://`**: the same connections set up over a TCP side channel
+//!   (hello, QPN, PSN, LID, GID), the QP driven INIT → RTR → RTS by hand.
+//!   Both run zerocast's shared link engine: zero-copy two-SGE sends and
+//!   receives (a 16-byte header slot, then the pool buffer), an in-flight
+//!   table per queue keyed by `wr_id`, credits equal to posted receives (so
+//!   RNR cannot happen), typed work-completion errors ([`RcError`]), and a
+//!   completion thread that busy-polls or sleeps on a completion channel
+//!   ([`CompletionMode`]).
 //!
-//! What it does not do yet: queue pairs, completion queues, connection setup
-//! (`rdma_cm`), reliable, unreliable-datagram or multicast transports. Nothing
-//! here posts work requests.
+//! What it does not do yet: one-sided READ/WRITE and `expose`, rendezvous
+//! for messages larger than a receive buffer, shared receive queues, inline
+//! sends and selective signalling (every send is signalled), UD and multicast.
 //!
-//! Testing: this crate's tests need a verbs device. They are `#[ignore]`d on a
-//! plain `cargo test`; `scripts/test` runs them inside a QEMU guest with
-//! Soft-RoCE (`rdma_rxe`), see `scripts/softroce-run`.
+//! Testing: this crate's tests, and `tests/tests/conformance_rdma.rs`, need
+//! a verbs device. They are `#[ignore]`d on a plain `cargo test`;
+//! `scripts/test` runs them inside a QEMU guest with Soft-RoCE (`rdma_rxe`),
+//! see `scripts/softroce-run`.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod cm;
 mod device;
 mod error;
 mod mr;
+mod rc;
+mod verbs;
 
+pub use cm::open_cm_device;
 pub use device::{Context, Device, DeviceAttr, PortAttr, PortState, ProtectionDomain};
 pub use error::DeviceError;
 pub use mr::{MemoryRegion, VerbsRegistrar};
+pub use rc::{
+    pool_config_for, wc_status_name, CompletionMode, Rc, RcConfig, RcConnection, RcError, RcListener,
+    RcTransport,
+};

@@ -1,0 +1,317 @@
+//! `rc://`: connecting and accepting through rdma_cm.
+//!
+//! Client: resolve address → resolve route → create QP → post receives →
+//! `rdma_connect` with our hello as private data → ESTABLISHED carries the
+//! server's hello. Server: CONNECT_REQUEST carries the client's hello →
+//! the new id moves to its own event channel → create QP → post receives →
+//! `rdma_accept` with our hello → ESTABLISHED.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdma_sys::{rdma_cm_event_type as ev, rdma_conn_param};
+use zerocast_core::{ConnError, ConnectError, Endpoint, Hello, LinkConfig};
+use zerocast_link::Driver;
+
+use super::{engine::Io, resolve, transport_err, RcConnection, RcError, RcTransport};
+use crate::cm::{context_name, CmEvent, CmId, EventChannel, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT};
+use crate::error::errno_from_rc;
+use crate::verbs::QueuePair;
+
+fn verbs_err(what: &'static str, rc: i32) -> ConnectError {
+    transport_err(RcError::verbs(what, errno_from_rc(rc)))
+}
+
+/// Wait for the next event on `ch`, or time out.
+fn next_event(ch: &EventChannel, deadline: Instant, step: &'static str) -> Result<CmEvent, ConnectError> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    match ch.get(Some(left)) {
+        Ok(Some(e)) => Ok(e),
+        Ok(None) => Err(ConnectError::Timeout(format!("rdma_cm: {step}"))),
+        Err(e) => Err(transport_err(RcError::verbs("rdma_get_cm_event", e))),
+    }
+}
+
+/// Wait for `want`; any other event is an error of `step`.
+fn expect(
+    ch: &EventChannel,
+    want: ev::Type,
+    deadline: Instant,
+    step: &'static str,
+) -> Result<CmEvent, ConnectError> {
+    let e = next_event(ch, deadline, step)?;
+    if e.kind() == want {
+        return Ok(e);
+    }
+    if e.kind() == ev::RDMA_CM_EVENT_REJECTED {
+        return Err(ConnectError::Refused(format!(
+            "{} (status {})",
+            RcError::Rejected { status: e.status() },
+            e.status()
+        )));
+    }
+    Err(transport_err(RcError::Cm { step, event: e.name(), status: e.status() }))
+}
+
+fn conn_param(t: &RcTransport, hello: &[u8]) -> rdma_conn_param {
+    // SAFETY: all-zero is a valid `rdma_conn_param`.
+    let mut p: rdma_conn_param = unsafe { std::mem::zeroed() };
+    p.private_data = hello.as_ptr().cast();
+    p.private_data_len = hello.len() as u8;
+    p.responder_resources = 1;
+    p.initiator_depth = 1;
+    p.retry_count = t.inner.cfg.retry_cnt;
+    p.rnr_retry_count = t.inner.cfg.rnr_retry;
+    p
+}
+
+fn set_ack_timeout(id: &CmId, timeout: u8) {
+    let mut v = timeout;
+    // SAFETY: live id; `v` is a readable u8 of the given length.
+    let rc = unsafe {
+        rdma_sys::rdma_set_option(
+            id.as_ptr(),
+            RDMA_OPTION_ID,
+            RDMA_OPTION_ID_ACK_TIMEOUT,
+            (&mut v as *mut u8).cast(),
+            1,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(error = %errno_from_rc(rc), "rdma_set_option(ACK_TIMEOUT) failed; using rdma_cm's default");
+    }
+}
+
+fn check_device(t: &RcTransport, id: &CmId) -> Result<(), ConnectError> {
+    let verbs = id.verbs();
+    if verbs != t.inner.pd.context().as_ptr() {
+        let cm = if verbs.is_null() {
+            "none".to_owned()
+        } else {
+            // SAFETY: a bound id's context is open (owned by librdmacm).
+            unsafe { context_name(verbs) }
+        };
+        return Err(transport_err(RcError::WrongDevice { cm, pd: t.inner.device.name().to_owned() }));
+    }
+    Ok(())
+}
+
+/// Create the QP on `id` and post the receives.
+fn prepare(t: &RcTransport, id: &Arc<CmId>, link: &LinkConfig) -> Result<Arc<Io>, ConnectError> {
+    let sizes = t.sizes(link).map_err(transport_err)?;
+    let cq = t.cq(&sizes).map_err(transport_err)?;
+    let qp = QueuePair::create_cm(id, &t.inner.pd, &cq, t.caps(&sizes))
+        .map_err(|e| transport_err(RcError::verbs("rdma_create_qp", e)))?;
+    t.new_io(qp, cq, sizes).map_err(transport_err)
+}
+
+fn peer_hello(data: &[u8], peer: &Endpoint) -> Result<Hello, ConnectError> {
+    Hello::decode(data)
+        .map_err(|e| ConnectError::Handshake { endpoint: peer.to_string(), source: ConnError::Handshake(e) })
+}
+
+pub(super) fn connect(
+    t: &RcTransport,
+    ep: &Endpoint,
+    link: LinkConfig,
+) -> Result<RcConnection, ConnectError> {
+    let addr = resolve(ep)?;
+    let deadline = Instant::now() + t.inner.cfg.connect_timeout;
+    let io_err = |e| ConnectError::Io { endpoint: ep.to_string(), source: e };
+    let ch = EventChannel::new().map_err(io_err)?;
+    let id = CmId::new(&ch).map_err(io_err)?;
+    let dst = CmId::sockaddr(addr);
+    let ms = t.inner.cfg.connect_timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: live id; `dst` is a valid sockaddr for the call's duration.
+    let rc = unsafe { rdma_sys::rdma_resolve_addr(id.as_ptr(), ptr::null_mut(), dst.as_ptr() as *mut _, ms) };
+    if rc != 0 {
+        return Err(verbs_err("rdma_resolve_addr", rc));
+    }
+    drop(expect(&ch, ev::RDMA_CM_EVENT_ADDR_RESOLVED, deadline, "resolving the address")?);
+    // SAFETY: live id with a resolved address.
+    let rc = unsafe { rdma_sys::rdma_resolve_route(id.as_ptr(), ms) };
+    if rc != 0 {
+        return Err(verbs_err("rdma_resolve_route", rc));
+    }
+    drop(expect(&ch, ev::RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, "resolving the route")?);
+    check_device(t, &id)?;
+    set_ack_timeout(&id, t.inner.cfg.timeout);
+    let id = Arc::new(id);
+    let io = prepare(t, &id, &link)?;
+    let buf_size = t.sizes(&link).map_err(transport_err)?.buf_size;
+    let hello = zerocast_link::hello_for(&link, buf_size).encode();
+    let mut param = conn_param(t, &hello);
+    // SAFETY: live id with a QP and a resolved route; `param` and `hello`
+    // outlive the call (librdmacm copies the private data).
+    let rc = unsafe { rdma_sys::rdma_connect(id.as_ptr(), &mut param) };
+    if rc != 0 {
+        return Err(verbs_err("rdma_connect", rc));
+    }
+    let e = next_event(&ch, deadline, "connecting")?;
+    match e.kind() {
+        ev::RDMA_CM_EVENT_ESTABLISHED => {}
+        ev::RDMA_CM_EVENT_REJECTED => {
+            return Err(ConnectError::Refused(format!("{ep}: {}", RcError::Rejected { status: e.status() })))
+        }
+        _ => {
+            return Err(transport_err(RcError::Cm {
+                step: "connecting",
+                event: e.name(),
+                status: e.status(),
+            }))
+        }
+    }
+    let data = e.private_data();
+    drop(e);
+    let hello = peer_hello(&data, ep)?;
+    t.finish(io, link, hello, ep.clone())
+}
+
+/// The rdma_cm listener of `rc://`.
+#[derive(Debug)]
+pub(super) struct CmListener {
+    id: CmId,
+    transport: RcTransport,
+    local: Endpoint,
+    link: LinkConfig,
+}
+
+impl CmListener {
+    pub(super) fn bind(t: &RcTransport, ep: &Endpoint, link: LinkConfig) -> Result<Self, ConnectError> {
+        let addr = resolve(ep)?;
+        let io_err = |e| ConnectError::Io { endpoint: ep.to_string(), source: e };
+        let ch = EventChannel::new().map_err(io_err)?;
+        let id = CmId::new(&ch).map_err(io_err)?;
+        let sa = CmId::sockaddr(addr);
+        // SAFETY: live id; `sa` is valid for the call.
+        let rc = unsafe { rdma_sys::rdma_bind_addr(id.as_ptr(), sa.as_ptr() as *mut _) };
+        if rc != 0 {
+            let e = errno_from_rc(rc);
+            if e.raw_os_error() == Some(libc::EADDRINUSE) {
+                return Err(ConnectError::InUse(ep.to_string()));
+            }
+            return Err(io_err(e));
+        }
+        // SAFETY: bound id.
+        let rc = unsafe { rdma_sys::rdma_listen(id.as_ptr(), 64) };
+        if rc != 0 {
+            return Err(io_err(errno_from_rc(rc)));
+        }
+        let local = ep.with_port(id.src_port());
+        tracing::debug!(%local, "rc listening");
+        Ok(Self { id, transport: t.clone(), local, link })
+    }
+
+    pub(super) fn local_endpoint(&self) -> &Endpoint {
+        &self.local
+    }
+
+    pub(super) fn accept(&self) -> Result<RcConnection, ConnectError> {
+        loop {
+            let e = match self.id.channel().get(None) {
+                Ok(Some(e)) => e,
+                Ok(None) => continue,
+                Err(e) => return Err(ConnectError::Io { endpoint: self.local.to_string(), source: e }),
+            };
+            if e.kind() != ev::RDMA_CM_EVENT_CONNECT_REQUEST {
+                tracing::debug!(event = %e.name(), "rc listener: ignoring event");
+                continue;
+            }
+            let Some(raw) = NonNull::new(e.id()) else { continue };
+            let data = e.private_data();
+            drop(e);
+            // SAFETY: the id of a connect request is ours to accept or destroy.
+            let id = unsafe { CmId::from_raw(raw, self.id.channel()) };
+            return self.accept_one(id, &data);
+        }
+    }
+
+    fn accept_one(&self, mut id: CmId, data: &[u8]) -> Result<RcConnection, ConnectError> {
+        let t = &self.transport;
+        let peer = peer_endpoint(&id, &self.local);
+        let deadline = Instant::now() + t.inner.cfg.connect_timeout;
+        let hello = match peer_hello(data, &peer) {
+            Ok(h) => h,
+            Err(err) => {
+                // SAFETY: live id of a pending request.
+                unsafe { rdma_sys::rdma_reject(id.as_ptr(), ptr::null(), 0) };
+                return Err(err);
+            }
+        };
+        let io_err = |e| ConnectError::Io { endpoint: peer.to_string(), source: e };
+        let ch = EventChannel::new().map_err(io_err)?;
+        id.migrate(&ch).map_err(io_err)?;
+        check_device(t, &id)?;
+        set_ack_timeout(&id, t.inner.cfg.timeout);
+        let id = Arc::new(id);
+        let io = prepare(t, &id, &self.link)?;
+        let buf_size = t.sizes(&self.link).map_err(transport_err)?.buf_size;
+        let ours = zerocast_link::hello_for(&self.link, buf_size).encode();
+        let mut param = conn_param(t, &ours);
+        // SAFETY: live id with a QP; `param` and `ours` outlive the call.
+        let rc = unsafe { rdma_sys::rdma_accept(id.as_ptr(), &mut param) };
+        if rc != 0 {
+            return Err(verbs_err("rdma_accept", rc));
+        }
+        drop(expect(&ch, ev::RDMA_CM_EVENT_ESTABLISHED, deadline, "accepting")?);
+        t.finish(io, self.link, hello, peer)
+    }
+}
+
+/// The peer's address as an endpoint (the listener's own when unknown).
+fn peer_endpoint(id: &CmId, local: &Endpoint) -> Endpoint {
+    // SAFETY: live id; for an IPv4 connection the destination is a sockaddr_in.
+    let sin = unsafe { (*id.as_ptr()).route.addr.dst_addr_union.dst_sin };
+    if i32::from(sin.sin_family) != libc::AF_INET {
+        return local.clone();
+    }
+    let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+    let sa = SocketAddr::new(IpAddr::V4(ip), u16::from_be(sin.sin_port));
+    Endpoint::parse(&format!("{}://{sa}", local.scheme())).unwrap_or_else(|_| local.clone())
+}
+
+/// The connection's rdma_cm events after setup: a DISCONNECTED from the
+/// peer ends the connection (its receives flush; if the peer never said
+/// goodbye, that is a [`RcError::PeerDisconnected`]).
+pub(super) fn watch(id: &Arc<CmId>, io: &Arc<Io>, driver: &Driver) {
+    let mut closing_since: Option<Instant> = None;
+    loop {
+        match id.channel().get(Some(Duration::from_millis(100))) {
+            Ok(Some(e)) => match e.kind() {
+                ev::RDMA_CM_EVENT_DISCONNECTED => {
+                    drop(e);
+                    io.mark_peer_disconnected();
+                    if !io.is_closing() {
+                        io.close();
+                    }
+                    return;
+                }
+                ev::RDMA_CM_EVENT_DEVICE_REMOVAL => {
+                    drop(e);
+                    driver.fail(ConnError::transport(RcError::Cm {
+                        step: "connected",
+                        event: "RDMA_CM_EVENT_DEVICE_REMOVAL".into(),
+                        status: 0,
+                    }));
+                    io.close();
+                    return;
+                }
+                _ => tracing::debug!(event = %e.name(), "rc connection: event"),
+            },
+            Ok(None) => {
+                if io.is_closing() {
+                    let since = *closing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > Duration::from_secs(10) {
+                        return;
+                    }
+                }
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "rc connection: event channel failed");
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,578 @@
+//! The data path of an RC connection: posted buffers, the poller, the
+//! sender and the reposter, driving a [`zerocast_link::Driver`].
+//!
+//! Ownership: every posted buffer sits in an in-flight table keyed by its
+//! `wr_id` slot until its completion is polled. Every send and receive is a
+//! two-entry scatter list: a 16-byte header slot from a registered slab,
+//! then the pool buffer, so a received payload starts at offset 0 of its
+//! buffer and is handed to the application without a copy.
+
+use std::mem::MaybeUninit;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rdma_sys::{ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status, ibv_wr_opcode};
+use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
+use zerocast_link::{Driver, Frame, Reposts};
+use zerocast_mem::{Buf, Pool, Wait};
+
+use crate::rc::RcError;
+use crate::verbs::{CompletionQueue, HeaderSlab, QueuePair};
+
+const RECV_BIT: u64 = 1 << 63;
+/// Completions taken per `ibv_poll_cq` call.
+const POLL_BATCH: usize = 32;
+
+#[derive(Debug)]
+struct RecvTable {
+    slots: Vec<Option<Buf>>,
+    free: Vec<u32>,
+    posted: usize,
+    /// No more receives may be posted: the connection is shutting down.
+    closing: bool,
+}
+
+/// Sends in flight, as a ring: send number `seq` (its `wr_id`) lives in
+/// slot `seq % len` with its payload, from its post until a completion
+/// for it or a later send is polled. Only every [`SIGNAL_EVERY`]th send,
+/// and the last of each batch, is signalled: an RC send queue completes in
+/// order, so one completion accounts exactly for every send before it.
+#[derive(Debug)]
+struct SendTable {
+    slots: Vec<Option<Buf>>,
+    /// Oldest send not yet known complete.
+    head: u64,
+    /// Next send number.
+    tail: u64,
+}
+
+impl SendTable {
+    fn outstanding(&self) -> usize {
+        (self.tail - self.head) as usize
+    }
+
+    fn slot(&self, seq: u64) -> usize {
+        (seq % self.slots.len() as u64) as usize
+    }
+
+    /// Sends up to and including `seq` completed: their payloads go back to
+    /// the pool (a lock-free push, fine under this lock).
+    fn complete_through(&mut self, seq: u64) {
+        if seq < self.head || seq >= self.tail {
+            return;
+        }
+        for s in self.head..=seq {
+            let i = self.slot(s);
+            drop(self.slots[i].take());
+        }
+        self.head = seq + 1;
+    }
+}
+
+/// One signalled send per this many (plus the last of every batch).
+const SIGNAL_EVERY: u64 = 16;
+
+/// Everything a connection's threads share. Field order is drop order: the
+/// QP goes first, so no buffer in the tables is still in the device's hands
+/// when the tables drop.
+#[derive(Debug)]
+pub(crate) struct Io {
+    qp: QueuePair,
+    cq: Arc<CompletionQueue>,
+    recv_hdr: HeaderSlab,
+    send_hdr: HeaderSlab,
+    recv: Mutex<RecvTable>,
+    send: Mutex<SendTable>,
+    send_cv: Condvar,
+    pool: Pool,
+    buf_size: usize,
+    busy_poll: bool,
+    ignore_credits: bool,
+    peer_disconnected: AtomicBool,
+    /// Mirror of `RecvTable::closing`, readable without the lock.
+    closing: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Sizes of one connection's queues.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sizes {
+    pub(crate) recv_window: usize,
+    pub(crate) send_depth: usize,
+    pub(crate) buf_size: usize,
+}
+
+impl Io {
+    /// Wrap a fresh QP (at least in INIT) and pre-post `recv_window`
+    /// receives, before connecting.
+    pub(crate) fn new(
+        qp: QueuePair,
+        cq: Arc<CompletionQueue>,
+        pool: Pool,
+        sizes: Sizes,
+        busy_poll: bool,
+        ignore_credits: bool,
+    ) -> Result<Arc<Self>, RcError> {
+        let reg = |e: zerocast_mem::RegisterError| RcError::Config(format!("registering header slots: {e}"));
+        let recv_hdr = HeaderSlab::new(qp.pd(), sizes.recv_window).map_err(reg)?;
+        let send_hdr = HeaderSlab::new(qp.pd(), sizes.send_depth).map_err(reg)?;
+        let io = Arc::new(Self {
+            qp,
+            cq,
+            recv_hdr,
+            send_hdr,
+            recv: Mutex::new(RecvTable {
+                slots: (0..sizes.recv_window).map(|_| None).collect(),
+                free: (0..sizes.recv_window as u32).rev().collect(),
+                posted: 0,
+                closing: false,
+            }),
+            send: Mutex::new(SendTable {
+                slots: (0..sizes.send_depth).map(|_| None).collect(),
+                head: 0,
+                tail: 0,
+            }),
+            send_cv: Condvar::new(),
+            pool,
+            buf_size: sizes.buf_size,
+            busy_poll,
+            ignore_credits,
+            peer_disconnected: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+        });
+        for _ in 0..sizes.recv_window {
+            let buf = io.fresh_buf()?;
+            let mut t = lock(&io.recv);
+            io.post_recv_locked(&mut t, buf)?;
+        }
+        Ok(io)
+    }
+
+    pub(crate) fn qp(&self) -> &QueuePair {
+        &self.qp
+    }
+
+    fn fresh_buf(&self) -> Result<Buf, RcError> {
+        self.pool
+            .alloc(self.buf_size, Wait::For(Duration::from_secs(5)))
+            .map_err(|e| RcError::Config(format!("no receive buffer of {} bytes: {e}", self.buf_size)))
+    }
+
+    /// Post `buf` as a receive, in a free slot. The table lock is held, so
+    /// the poller cannot see the completion before the slot is filled.
+    fn post_recv_locked(&self, t: &mut RecvTable, buf: Buf) -> Result<(), RcError> {
+        let Some(slot) = t.free.pop() else {
+            return Err(RcError::Config("more receives posted than the window".into()));
+        };
+        let cap = u32::try_from(buf.capacity()).unwrap_or(u32::MAX);
+        let mut sges = [
+            ibv_sge {
+                addr: self.recv_hdr.addr(slot as usize),
+                length: HEADER_LEN as u32,
+                lkey: self.recv_hdr.lkey(),
+            },
+            ibv_sge { addr: buf.addr(), length: cap, lkey: buf.keys().lkey },
+        ];
+        let mut wr = ibv_recv_wr {
+            wr_id: RECV_BIT | u64::from(slot),
+            next: ptr::null_mut(),
+            sg_list: sges.as_mut_ptr(),
+            num_sge: 2,
+        };
+        t.slots[slot as usize] = Some(buf);
+        // SAFETY: both SGEs are registered in the QP's PD (the slab, and the
+        // pool registered through the same PD); the buffer stays in the
+        // table, and the slab in `self`, until the completion is polled.
+        match unsafe { self.qp.post_recv(&mut wr) } {
+            Ok(()) => {
+                t.posted += 1;
+                Ok(())
+            }
+            Err(e) => {
+                t.slots[slot as usize] = None;
+                t.free.push(slot);
+                Err(RcError::verbs("ibv_post_recv", e))
+            }
+        }
+    }
+
+    /// Repost a released buffer (or a fresh one) and return its credit.
+    fn repost(&self, driver: &Driver, buf: Option<Buf>) -> Result<(), RcError> {
+        let buf = match buf {
+            Some(b) => b,
+            None => self.fresh_buf()?,
+        };
+        {
+            let mut t = lock(&self.recv);
+            if t.closing {
+                return Ok(());
+            }
+            if self.ignore_credits {
+                // Test-only: return the credit without a receive behind it.
+                drop(buf);
+            } else {
+                self.post_recv_locked(&mut t, buf)?;
+            }
+        }
+        driver.on_reposted();
+        Ok(())
+    }
+
+    /// Stop posting receives and put the QP into the error state, so every
+    /// posted work request completes (flushed) and its buffer comes back.
+    pub(crate) fn close(&self) {
+        lock(&self.recv).closing = true;
+        self.closing.store(true, Ordering::Release);
+        if let Some(id) = self.qp.cm() {
+            // SAFETY: live id (held by the QP).
+            unsafe { rdma_sys::rdma_disconnect(id.as_ptr()) };
+        }
+        if let Err(e) = self.qp.to_error() {
+            tracing::debug!(error = %e, "moving the QP to the error state failed");
+        }
+        self.send_cv.notify_all();
+    }
+
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn mark_peer_disconnected(&self) {
+        self.peer_disconnected.store(true, Ordering::Release);
+    }
+
+    fn drained(&self) -> bool {
+        let recv_done = {
+            let r = lock(&self.recv);
+            r.closing && r.posted == 0
+        };
+        recv_done && lock(&self.send).outstanding() == 0
+    }
+}
+
+/// Start the threads of an established connection.
+pub(crate) fn spawn(io: &Arc<Io>, driver: Driver, reposts: Reposts, max_batch: usize) -> std::io::Result<()> {
+    let name = |n: &str| format!("zerocast-rc-{n}");
+    let (i, d) = (io.clone(), driver.clone());
+    thread::Builder::new().name(name("poll")).spawn(move || poller(&i, &d))?;
+    let (i, d) = (io.clone(), driver.clone());
+    thread::Builder::new().name(name("repost")).spawn(move || reposter(&i, &d, &reposts))?;
+    let i = io.clone();
+    thread::Builder::new().name(name("tx")).spawn(move || sender(&i, &driver, max_batch))?;
+    Ok(())
+}
+
+fn reposter(io: &Io, driver: &Driver, reposts: &Reposts) {
+    loop {
+        match reposts.recv_timeout(Duration::from_millis(50)) {
+            Ok(buf) => {
+                if let Err(e) = io.repost(driver, buf) {
+                    driver.fail(ConnError::transport(e));
+                    io.close();
+                }
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                if io.is_closing() {
+                    return;
+                }
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+fn sender(io: &Io, driver: &Driver, max_batch: usize) {
+    let mut batch: Vec<Frame> = Vec::with_capacity(max_batch);
+    let mut wrs: Vec<ibv_send_wr> = Vec::with_capacity(max_batch);
+    let mut sges: Vec<[ibv_sge; 2]> = Vec::with_capacity(max_batch);
+    let mut slots: Vec<u64> = Vec::with_capacity(max_batch);
+    let mut inline: Vec<bool> = Vec::with_capacity(max_batch);
+    while driver.next_batch(&mut batch) {
+        if let Err(e) = post_batch(io, &mut batch, &mut wrs, &mut sges, &mut slots, &mut inline) {
+            driver.fail(ConnError::transport(e));
+            break;
+        }
+        // Our goodbye went out after the peer's arrived: nothing will wake
+        // `next_batch` again, so stop here.
+        if driver.is_finished() {
+            break;
+        }
+    }
+    batch.clear();
+    // Let our last sends (the goodbye) be acknowledged before disconnecting.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut t = lock(&io.send);
+    while t.outstanding() > 0 && !io.is_closing() && Instant::now() < deadline {
+        t = io
+            .send_cv
+            .wait_timeout(t, Duration::from_millis(20))
+            .map(|(g, _)| g)
+            .unwrap_or_else(|p| p.into_inner().0);
+    }
+    drop(t);
+    io.close();
+}
+
+fn post_batch(
+    io: &Io,
+    batch: &mut Vec<Frame>,
+    wrs: &mut Vec<ibv_send_wr>,
+    sges: &mut Vec<[ibv_sge; 2]>,
+    slots: &mut Vec<u64>,
+    inline: &mut Vec<bool>,
+) -> Result<(), RcError> {
+    wrs.clear();
+    sges.clear();
+    slots.clear();
+    let n = batch.len();
+    // Take a slot per frame first, waiting while the send queue is full.
+    {
+        let mut t = lock(&io.send);
+        for _ in 0..n {
+            loop {
+                if t.outstanding() < t.slots.len() {
+                    slots.push(t.tail);
+                    t.tail += 1;
+                    break;
+                }
+                if io.is_closing() {
+                    // Nothing was posted: give the send numbers back.
+                    t.tail -= slots.len() as u64;
+                    slots.clear();
+                    batch.clear();
+                    return Ok(());
+                }
+                t = io
+                    .send_cv
+                    .wait_timeout(t, Duration::from_millis(20))
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0);
+            }
+        }
+    }
+    let max_inline = io.qp.max_inline() as usize;
+    inline.clear();
+    let ring = lock(&io.send).slots.len() as u64;
+    for (i, frame) in batch.iter().enumerate() {
+        let seq = slots[i];
+        let slot = (seq % ring) as usize;
+        let len = frame.payload.as_ref().map_or(0, |b| b.len());
+        inline.push(HEADER_LEN + len <= max_inline);
+        io.send_hdr.write(slot, &frame.header.encode());
+        let hdr =
+            ibv_sge { addr: io.send_hdr.addr(slot), length: HEADER_LEN as u32, lkey: io.send_hdr.lkey() };
+        let (payload, num) = match &frame.payload {
+            Some(b) if !b.is_empty() => {
+                (ibv_sge { addr: b.addr(), length: b.len() as u32, lkey: b.keys().lkey }, 2)
+            }
+            _ => (ibv_sge { addr: 0, length: 0, lkey: 0 }, 1),
+        };
+        sges.push([hdr, payload]);
+        // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = seq;
+        wr.num_sge = num;
+        wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+        if i + 1 == n || seq % SIGNAL_EVERY == SIGNAL_EVERY - 1 {
+            wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        if inline[i] {
+            wr.send_flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        wrs.push(wr);
+    }
+    for i in 0..n {
+        wrs[i].sg_list = sges[i].as_mut_ptr();
+        wrs[i].next = if i + 1 < n { &mut wrs[i + 1] as *mut ibv_send_wr } else { ptr::null_mut() };
+    }
+    // Buffers move into the in-flight table before the post, so a fast
+    // completion always finds them.
+    {
+        let mut t = lock(&io.send);
+        for (frame, &seq) in batch.drain(..).zip(slots.iter()) {
+            let i = t.slot(seq);
+            t.slots[i] = frame.payload;
+        }
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    // SAFETY: the chain's SGEs point into the registered header slab and
+    // registered pool buffers, both kept (slab in `io`, buffers in the
+    // send table) until each completion is polled.
+    if let Err((posted, e)) = unsafe { io.qp.post_send(wrs) } {
+        // The WRs from `posted` on never reached the queue: take their
+        // send numbers and buffers back. The posted ones complete (or
+        // flush once the connection fails and its QP enters the error state).
+        let mut t = lock(&io.send);
+        for &seq in &slots[posted..] {
+            let i = t.slot(seq);
+            drop(t.slots[i].take());
+        }
+        t.tail -= (n - posted) as u64;
+        return Err(RcError::verbs("ibv_post_send", e));
+    }
+    // Inline data was copied by the post: those buffers go back now.
+    if inline.iter().any(|&b| b) {
+        let mut t = lock(&io.send);
+        for (&seq, _) in slots.iter().zip(inline.iter()).filter(|(_, &b)| b) {
+            let i = t.slot(seq);
+            drop(t.slots[i].take());
+        }
+    }
+    Ok(())
+}
+
+fn poller(io: &Io, driver: &Driver) {
+    let mut wcs: [MaybeUninit<ibv_wc>; POLL_BATCH] = std::array::from_fn(|_| MaybeUninit::uninit());
+    let mut idle_since: Option<Instant> = None;
+    let mut armed = false;
+    loop {
+        let n = match io.cq.poll(&mut wcs) {
+            Ok(n) => n,
+            Err(e) => {
+                driver.fail(ConnError::transport(RcError::verbs("ibv_poll_cq", e)));
+                io.close();
+                0
+            }
+        };
+        for wc in &wcs[..n] {
+            // SAFETY: `ibv_poll_cq` initialised the first `n` entries.
+            let wc = unsafe { wc.assume_init_ref() };
+            on_completion(io, driver, wc);
+        }
+        if n > 0 {
+            idle_since = None;
+            armed = false;
+            continue;
+        }
+        if io.drained() {
+            break;
+        }
+        let idle = *idle_since.get_or_insert_with(Instant::now);
+        if io.is_closing() && idle.elapsed() > Duration::from_secs(10) {
+            tracing::warn!("RC connection: flush completions missing after close; giving up on them");
+            eprintln!(
+                "DBG giving up: recv posted {} send outstanding {}",
+                lock(&io.recv).posted,
+                lock(&io.send).outstanding()
+            );
+            break;
+        }
+        if io.busy_poll || !io.cq.has_channel() {
+            if idle.elapsed() > Duration::from_micros(200) {
+                thread::sleep(Duration::from_micros(50));
+            } else {
+                std::hint::spin_loop();
+            }
+            continue;
+        }
+        if idle.elapsed() < Duration::from_micros(50) {
+            std::hint::spin_loop();
+            continue;
+        }
+        if !armed {
+            if let Err(e) = io.cq.arm() {
+                tracing::debug!(error = %e, "ibv_req_notify_cq failed");
+            }
+            armed = true;
+            // Poll once more: a completion may have landed before arming.
+            continue;
+        }
+        match io.cq.wait(20) {
+            Ok(true) => armed = false,
+            Ok(false) => {}
+            Err(e) => tracing::debug!(error = %e, "waiting for a completion event failed"),
+        }
+    }
+}
+
+fn on_completion(io: &Io, driver: &Driver, wc: &ibv_wc) {
+    if wc.wr_id & RECV_BIT != 0 {
+        let slot = (wc.wr_id & !RECV_BIT) as usize;
+        // Read the header before the slot is freed: once free, the reposter
+        // may post a new receive into it, and the device may overwrite it.
+        let (buf, raw) = {
+            let mut t = lock(&io.recv);
+            let buf = t.slots.get_mut(slot).and_then(Option::take);
+            let raw = io.recv_hdr.read(slot.min(t.slots.len().saturating_sub(1)));
+            if buf.is_some() {
+                t.posted -= 1;
+                t.free.push(slot as u32);
+            }
+            (buf, raw)
+        };
+        let Some(buf) = buf else {
+            tracing::warn!(slot, "receive completion for an empty slot");
+            return;
+        };
+        if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
+            drop(buf);
+            on_error(io, driver, wc.status, wc.vendor_err);
+            return;
+        }
+        if let Err(e) = on_receive(io, driver, &raw, wc.byte_len as usize, buf) {
+            driver.fail(e);
+            io.close();
+        }
+    } else {
+        lock(&io.send).complete_through(wc.wr_id);
+        io.send_cv.notify_all();
+        if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
+            on_error(io, driver, wc.status, wc.vendor_err);
+        }
+    }
+}
+
+fn on_receive(
+    io: &Io,
+    driver: &Driver,
+    raw: &[u8; HEADER_LEN],
+    byte_len: usize,
+    mut buf: Buf,
+) -> Result<(), ConnError> {
+    let header = Header::decode(&raw[..byte_len.min(HEADER_LEN)], driver.max_payload())?;
+    if byte_len < HEADER_LEN || header.len != (byte_len - HEADER_LEN) as u64 {
+        let msg = format!("{byte_len} bytes received for a frame of {} payload bytes", header.len);
+        return Err(ConnError::transport(RcError::BadFrame(msg)));
+    }
+    match header.kind {
+        FrameKind::Data | FrameKind::Rendezvous => {
+            buf.try_set_len(header.len as usize).map_err(ConnError::transport)?;
+            driver.on_frame(header, Some(buf))
+        }
+        FrameKind::Credit | FrameKind::Control => {
+            // The buffer carried nothing: post it again at once (the core
+            // counts the credit as owed already).
+            {
+                let mut t = lock(&io.recv);
+                if !t.closing {
+                    io.post_recv_locked(&mut t, buf).map_err(ConnError::transport)?;
+                }
+            }
+            driver.on_frame(header, None)
+        }
+    }
+}
+
+fn on_error(io: &Io, driver: &Driver, status: u32, vendor_err: u32) {
+    if driver.is_finished() {
+        // Flushes after both goodbyes: the normal end.
+        return;
+    }
+    let err = if status == ibv_wc_status::IBV_WC_WR_FLUSH_ERR && io.peer_disconnected.load(Ordering::Acquire)
+    {
+        RcError::PeerDisconnected
+    } else {
+        RcError::from_wc_status(status, vendor_err)
+    };
+    tracing::debug!(error = %err, "RC work completion failed");
+    driver.fail(ConnError::transport(err));
+    io.close();
+}

@@ -1,0 +1,157 @@
+//! Errors of RC connections: work-completion statuses, setup steps, settings.
+
+use std::io;
+
+use rdma_sys::ibv_wc_status;
+
+/// Why an RC connection failed or could not be set up.
+///
+/// Connections report it inside [`zerocast_core::ConnError::Transport`];
+/// connecting reports it inside [`zerocast_core::ConnectError::Transport`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RcError {
+    /// `IBV_WC_RETRY_EXC_ERR`: the peer acknowledged nothing within the
+    /// transport retries.
+    #[error(
+        "peer gone or unreachable: transport retries exhausted (IBV_WC_RETRY_EXC_ERR); check that the \
+         peer process is alive and the link is up, or raise `retry_cnt`/`timeout`"
+    )]
+    RetryExceeded,
+    /// `IBV_WC_RNR_RETRY_EXC_ERR`: the peer had no receive posted.
+    #[error(
+        "receiver not ready: RNR retries exhausted (IBV_WC_RNR_RETRY_EXC_ERR); the peer had no receive \
+         buffer posted, which zerocast's credits rule out unless they were disabled"
+    )]
+    RnrRetryExceeded,
+    /// `IBV_WC_WR_FLUSH_ERR`: the QP entered the error state.
+    #[error(
+        "work request flushed (IBV_WC_WR_FLUSH_ERR): the queue pair entered the error state after an \
+         earlier failure or a disconnect"
+    )]
+    Flushed,
+    /// `IBV_WC_REM_ACCESS_ERR`: bad rkey, bounds or access rights at the peer.
+    #[error("remote access error (IBV_WC_REM_ACCESS_ERR): check the rkey, address range and access flags")]
+    RemoteAccess,
+    /// `IBV_WC_LOC_PROT_ERR`: an SGE outside registered memory.
+    #[error(
+        "local protection error (IBV_WC_LOC_PROT_ERR): a buffer is not registered in this connection's \
+         protection domain"
+    )]
+    LocalProtection,
+    /// Any other failed completion.
+    #[error("work completion failed with status {status} ({name}), vendor error {vendor_err:#x}")]
+    Completion {
+        /// The `ibv_wc_status` value.
+        status: u32,
+        /// Its name.
+        name: &'static str,
+        /// The provider's error code.
+        vendor_err: u32,
+    },
+    /// The peer disconnected (rdma_cm DISCONNECTED) before saying goodbye.
+    #[error("the peer disconnected without closing the connection")]
+    PeerDisconnected,
+    /// A received frame did not match its completion.
+    #[error("received frame is malformed: {0}")]
+    BadFrame(String),
+    /// A verbs or rdma_cm call failed.
+    #[error("{what} failed")]
+    Verbs {
+        /// The call, such as `"ibv_post_send"`.
+        what: &'static str,
+        /// The errno.
+        #[source]
+        source: io::Error,
+    },
+    /// An rdma_cm step reported an error event.
+    #[error(
+        "{step}: {event} (status {status}); check that the peer listens and the address is on an RDMA device"
+    )]
+    Cm {
+        /// The step, such as `"resolving the address"`.
+        step: &'static str,
+        /// The event name.
+        event: String,
+        /// The event status.
+        status: i32,
+    },
+    /// The peer rejected the connection.
+    #[error("connection rejected by the peer (status {status}); check that it runs zerocast with a compatible version")]
+    Rejected {
+        /// The rejection status.
+        status: i32,
+    },
+    /// A setting is out of range.
+    #[error("invalid RC setting: {0}")]
+    Config(String),
+    /// The rdma_cm device differs from the transport's.
+    #[error(
+        "rdma_cm chose device `{cm}` for this address but the transport's pool is registered on `{pd}`; \
+         pick the device with `?dev=` or ZEROCAST_RDMA_DEV"
+    )]
+    WrongDevice {
+        /// The device rdma_cm bound.
+        cm: String,
+        /// The transport's device.
+        pd: String,
+    },
+}
+
+impl RcError {
+    /// The error of a failed work completion.
+    pub fn from_wc_status(status: u32, vendor_err: u32) -> Self {
+        match status {
+            ibv_wc_status::IBV_WC_RETRY_EXC_ERR => Self::RetryExceeded,
+            ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR => Self::RnrRetryExceeded,
+            ibv_wc_status::IBV_WC_WR_FLUSH_ERR => Self::Flushed,
+            ibv_wc_status::IBV_WC_REM_ACCESS_ERR => Self::RemoteAccess,
+            ibv_wc_status::IBV_WC_LOC_PROT_ERR => Self::LocalProtection,
+            other => Self::Completion { status: other, name: wc_status_name(other), vendor_err },
+        }
+    }
+
+    pub(crate) fn verbs(what: &'static str, source: io::Error) -> Self {
+        Self::Verbs { what, source }
+    }
+}
+
+/// The name of an `ibv_wc_status`.
+pub fn wc_status_name(status: u32) -> &'static str {
+    match status {
+        ibv_wc_status::IBV_WC_SUCCESS => "IBV_WC_SUCCESS",
+        ibv_wc_status::IBV_WC_LOC_LEN_ERR => "IBV_WC_LOC_LEN_ERR",
+        ibv_wc_status::IBV_WC_LOC_QP_OP_ERR => "IBV_WC_LOC_QP_OP_ERR",
+        ibv_wc_status::IBV_WC_LOC_PROT_ERR => "IBV_WC_LOC_PROT_ERR",
+        ibv_wc_status::IBV_WC_WR_FLUSH_ERR => "IBV_WC_WR_FLUSH_ERR",
+        ibv_wc_status::IBV_WC_BAD_RESP_ERR => "IBV_WC_BAD_RESP_ERR",
+        ibv_wc_status::IBV_WC_LOC_ACCESS_ERR => "IBV_WC_LOC_ACCESS_ERR",
+        ibv_wc_status::IBV_WC_REM_INV_REQ_ERR => "IBV_WC_REM_INV_REQ_ERR",
+        ibv_wc_status::IBV_WC_REM_ACCESS_ERR => "IBV_WC_REM_ACCESS_ERR",
+        ibv_wc_status::IBV_WC_REM_OP_ERR => "IBV_WC_REM_OP_ERR",
+        ibv_wc_status::IBV_WC_RETRY_EXC_ERR => "IBV_WC_RETRY_EXC_ERR",
+        ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR => "IBV_WC_RNR_RETRY_EXC_ERR",
+        ibv_wc_status::IBV_WC_REM_ABORT_ERR => "IBV_WC_REM_ABORT_ERR",
+        ibv_wc_status::IBV_WC_FATAL_ERR => "IBV_WC_FATAL_ERR",
+        ibv_wc_status::IBV_WC_RESP_TIMEOUT_ERR => "IBV_WC_RESP_TIMEOUT_ERR",
+        ibv_wc_status::IBV_WC_GENERAL_ERR => "IBV_WC_GENERAL_ERR",
+        _ => "unknown status",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_typed_errors() {
+        assert!(matches!(RcError::from_wc_status(12, 0), RcError::RetryExceeded));
+        assert!(matches!(RcError::from_wc_status(13, 0), RcError::RnrRetryExceeded));
+        assert!(matches!(RcError::from_wc_status(5, 0), RcError::Flushed));
+        assert!(matches!(RcError::from_wc_status(10, 0), RcError::RemoteAccess));
+        assert!(matches!(RcError::from_wc_status(4, 0), RcError::LocalProtection));
+        assert!(RcError::from_wc_status(12, 0).to_string().contains("peer gone or unreachable"));
+        let other = RcError::from_wc_status(21, 7);
+        assert!(other.to_string().contains("IBV_WC_GENERAL_ERR"), "{other}");
+    }
+}

@@ -1,0 +1,443 @@
+//! `rc://` and `rc+oob://`: reliable connected queue pairs.
+//!
+//! Both ways of connecting end in the same place: a QP in RTS whose
+//! `recv_window` receives were posted before the peer could send, and a
+//! [`zerocast_link`] engine on top (see `engine`). Only the handshake
+//! differs:
+//!
+//! - `rc://` uses rdma_cm (`cm_path`): the [`zerocast_core::Hello`] travels
+//!   as connect/accept private data, and rdma_cm moves the QP through its
+//!   states;
+//! - `rc+oob://` uses a TCP side channel (`oob`): hello, QP number, PSN,
+//!   LID and GID are exchanged on it, and the QP is driven INIT → RTR → RTS
+//!   by hand.
+//!
+//! Credits make RNR impossible: the sender's window is exactly the number
+//! of receives the peer has posted, and a credit is returned only after its
+//! buffer was posted again.
+
+mod cm_path;
+mod engine;
+mod error;
+mod oob;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use zerocast_core::{Caps, ConnError, ConnectError, Endpoint, Hello, LinkConfig, Scheme};
+use zerocast_link::{Flavor, LinkSetup};
+use zerocast_mem::{Pool, PoolConfig};
+
+pub use error::{wc_status_name, RcError};
+
+use crate::cm::open_cm_device;
+use crate::device::{Device, ProtectionDomain};
+use crate::mr::VerbsRegistrar;
+use crate::verbs::{CompletionQueue, QpCaps};
+use engine::{Io, Sizes};
+
+/// The RC flavor of [`zerocast_link::Connection`].
+#[derive(Debug)]
+pub enum Rc {}
+
+impl Flavor for Rc {
+    const CAPS: Caps = Caps { reliable: true, ordered: true, multicast: false, one_sided: true };
+    const SCHEME: &'static str = "rc";
+}
+
+/// An `rc://` or `rc+oob://` connection.
+pub type RcConnection = zerocast_link::Connection<Rc>;
+
+/// How the completion thread waits for work completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CompletionMode {
+    /// Spin on the CQ (lowest latency, one busy core per connection).
+    BusyPoll,
+    /// Spin briefly, then sleep on a completion channel (`ibv_get_cq_event`).
+    Channel,
+}
+
+/// Settings of the RC backend.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RcConfig {
+    /// Credits, payload limit and batching. `recv_window` receives are
+    /// posted per connection.
+    pub link: LinkConfig,
+    /// Device name (default: `ZEROCAST_RDMA_DEV`, else the first device
+    /// with an active port).
+    pub device: Option<String>,
+    /// GID index for `rc+oob://` (default: a RoCE v2 IPv4-mapped GID).
+    pub gid_index: Option<u8>,
+    /// Send queue depth (signalled sends in flight).
+    pub send_depth: u32,
+    /// Frames up to this size (16-byte header included) are sent inline:
+    /// copied at post time, their buffer back in the pool at once. 0
+    /// disables; the device may grant less.
+    pub max_inline: u32,
+    /// RNR retries (0..=7, 7 = forever). Credits make RNR impossible, so
+    /// tests run with 0.
+    pub rnr_retry: u8,
+    /// Transport retries before `IBV_WC_RETRY_EXC_ERR` (0..=7).
+    pub retry_cnt: u8,
+    /// Local ACK timeout exponent: 4.096 µs × 2^timeout (1..=31). Zero,
+    /// which means "wait forever" on rxe, is refused.
+    pub timeout: u8,
+    /// Minimum RNR NAK timer code (`rc+oob://`).
+    pub min_rnr_timer: u8,
+    /// How completions are waited for.
+    pub completion: CompletionMode,
+    /// Time allowed for address/route resolution and the handshake.
+    pub connect_timeout: Duration,
+    /// Test only: return credits without reposting the receive buffer, so
+    /// a sender can overrun the peer and RNR becomes observable.
+    #[doc(hidden)]
+    pub unsafe_ignore_credits_for_tests: bool,
+}
+
+impl Default for RcConfig {
+    fn default() -> Self {
+        Self {
+            link: LinkConfig::default(),
+            device: std::env::var("ZEROCAST_RDMA_DEV").ok().filter(|s| !s.is_empty()),
+            gid_index: None,
+            send_depth: 128,
+            max_inline: 256,
+            rnr_retry: 7,
+            retry_cnt: 7,
+            timeout: 14,
+            min_rnr_timer: 12,
+            completion: CompletionMode::Channel,
+            connect_timeout: Duration::from_secs(10),
+            unsafe_ignore_credits_for_tests: false,
+        }
+    }
+}
+
+impl RcConfig {
+    /// Set the link settings.
+    pub fn with_link(mut self, link: LinkConfig) -> Self {
+        self.link = link;
+        self
+    }
+
+    /// Set the RNR retry count (0..=7).
+    pub fn with_rnr_retry(mut self, n: u8) -> Self {
+        self.rnr_retry = n;
+        self
+    }
+
+    /// Set the ACK timeout exponent (1..=31) and the retry count (0..=7).
+    pub fn with_timeout(mut self, timeout: u8, retry_cnt: u8) -> Self {
+        self.timeout = timeout;
+        self.retry_cnt = retry_cnt;
+        self
+    }
+
+    /// Set the completion mode.
+    pub fn with_completion(mut self, mode: CompletionMode) -> Self {
+        self.completion = mode;
+        self
+    }
+
+    /// Set the device.
+    pub fn with_device(mut self, name: Option<String>) -> Self {
+        self.device = name;
+        self
+    }
+
+    /// Check the settings.
+    pub fn validate(&self) -> Result<(), RcError> {
+        self.link.validate().map_err(|e| RcError::Config(e.to_string()))?;
+        if self.timeout == 0 {
+            return Err(RcError::Config(
+                "timeout 0 waits forever for a dead peer on rxe; use 1..=31 (14 ≈ 67 ms)".into(),
+            ));
+        }
+        if self.timeout > 31 {
+            return Err(RcError::Config(format!("timeout {} must be within 1..=31", self.timeout)));
+        }
+        if self.retry_cnt > 7 || self.rnr_retry > 7 {
+            return Err(RcError::Config("retry_cnt and rnr_retry must be within 0..=7".into()));
+        }
+        if self.min_rnr_timer > 31 {
+            return Err(RcError::Config("min_rnr_timer must be within 0..=31".into()));
+        }
+        if !(4..=16_384).contains(&self.send_depth) {
+            return Err(RcError::Config(format!("send_depth {} must be within 4..=16384", self.send_depth)));
+        }
+        Ok(())
+    }
+}
+
+/// A pool configuration whose classes reach `link.max_payload`.
+pub fn pool_config_for(base: &PoolConfig, link: &LinkConfig) -> PoolConfig {
+    let mut pc = base.clone();
+    let max = link.max_payload as usize;
+    pc.classes.retain(|&c| c < max);
+    pc.classes.push(max);
+    pc
+}
+
+struct Inner {
+    device: Device,
+    pd: Arc<ProtectionDomain>,
+    pool: Pool,
+    cfg: RcConfig,
+}
+
+/// The RC transport: one device, one protection domain and a pool
+/// registered in it, shared by every connection.
+#[derive(Clone)]
+pub struct RcTransport {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for RcTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RcTransport").field("device", &self.inner.device.name()).finish_non_exhaustive()
+    }
+}
+
+fn transport_err(e: impl std::error::Error + Send + Sync + 'static) -> ConnectError {
+    ConnectError::Transport(Box::new(e))
+}
+
+impl RcTransport {
+    /// Open the device (the one rdma_cm uses), allocate a protection domain
+    /// and a pool registered in it, shaped by `pool` (classes up to
+    /// `cfg.link.max_payload` are added).
+    pub fn new(cfg: RcConfig, pool: PoolConfig) -> Result<Self, ConnectError> {
+        cfg.validate().map_err(transport_err)?;
+        let device = open_cm_device(cfg.device.as_deref()).map_err(transport_err)?;
+        let pd = device.alloc_pd().map_err(transport_err)?;
+        let registrar = Arc::new(VerbsRegistrar::new(pd.clone()));
+        let pool = Pool::new(pool_config_for(&pool, &cfg.link), registrar).map_err(transport_err)?;
+        if let Ok(port) = device.port_attr() {
+            let attr = device.context().attr();
+            tracing::debug!(
+                device = device.name(),
+                active_mtu = port.active_mtu,
+                max_qp_wr = attr.max_qp_wr,
+                max_srq = attr.max_srq,
+                max_mr_size = attr.max_mr_size,
+                "RC transport on device"
+            );
+        }
+        Ok(Self { inner: Arc::new(Inner { device, pd, pool, cfg }) })
+    }
+
+    /// The registered pool every connection of this transport uses.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RcConfig {
+        &self.inner.cfg
+    }
+
+    fn link_config(&self, ep: &Endpoint) -> Result<LinkConfig, ConnectError> {
+        if !matches!(ep.scheme(), Scheme::Rc | Scheme::RcOob) {
+            return Err(ConnectError::Unavailable {
+                scheme: ep.scheme(),
+                reason: "the RC transport takes rc:// and rc+oob:// endpoints".into(),
+            });
+        }
+        if let Some(dev) = ep.param("dev") {
+            if dev != self.inner.device.name() {
+                let msg = format!(
+                    "endpoint asks for device `{dev}` but this transport uses `{}`",
+                    self.inner.device.name()
+                );
+                return Err(transport_err(RcError::Config(msg)));
+            }
+        }
+        let mut link = self.inner.cfg.link;
+        if let Some(w) = ep.param_as::<u32>("window")? {
+            link.recv_window = w;
+        }
+        link.validate().map_err(transport_err)?;
+        Ok(link)
+    }
+
+    fn sizes(&self, link: &LinkConfig) -> Result<Sizes, RcError> {
+        let buf_size = self.inner.pool.class_for(link.max_payload as usize).ok_or_else(|| {
+            RcError::Config(format!("the pool has no buffer class of {} bytes", link.max_payload))
+        })?;
+        let max_wr = self.inner.device.context().attr().max_qp_wr.max(1) as usize;
+        Ok(Sizes {
+            recv_window: link.recv_window as usize,
+            send_depth: (self.inner.cfg.send_depth as usize).min(max_wr),
+            buf_size,
+        })
+    }
+
+    fn cq(&self, sizes: &Sizes) -> Result<Arc<CompletionQueue>, RcError> {
+        // Every slot of both tables is at most one completion: no overrun.
+        let depth = sizes.recv_window + sizes.send_depth + 1;
+        let channel = self.inner.cfg.completion == CompletionMode::Channel;
+        CompletionQueue::new(self.inner.pd.context(), depth, channel)
+            .map_err(|e| RcError::verbs("ibv_create_cq", e))
+    }
+
+    fn caps(&self, sizes: &Sizes) -> QpCaps {
+        QpCaps {
+            send_wr: sizes.send_depth as u32,
+            recv_wr: sizes.recv_window as u32,
+            max_inline: self.inner.cfg.max_inline,
+        }
+    }
+
+    fn new_io(
+        &self,
+        qp: crate::verbs::QueuePair,
+        cq: Arc<CompletionQueue>,
+        sizes: Sizes,
+    ) -> Result<Arc<Io>, RcError> {
+        let cfg = &self.inner.cfg;
+        Io::new(
+            qp,
+            cq,
+            self.inner.pool.clone(),
+            sizes,
+            cfg.completion == CompletionMode::BusyPoll,
+            cfg.unsafe_ignore_credits_for_tests,
+        )
+    }
+
+    /// Build the connection on an established QP: the link engine and its threads.
+    fn finish(
+        &self,
+        io: Arc<Io>,
+        link: LinkConfig,
+        peer_hello: Hello,
+        peer: Endpoint,
+    ) -> Result<RcConnection, ConnectError> {
+        let handshake = |source: ConnError| ConnectError::Handshake { endpoint: peer.to_string(), source };
+        let max_message = link.max_payload.min(peer_hello.max_payload);
+        if u64::from(peer_hello.recv_buf_size) < max_message {
+            let msg = format!(
+                "peer receive buffers hold {} bytes, less than the {max_message}-byte message limit",
+                peer_hello.recv_buf_size
+            );
+            return Err(handshake(ConnError::transport(RcError::Config(msg))));
+        }
+        let setup = LinkSetup {
+            config: link,
+            peer_hello,
+            pool: self.inner.pool.clone(),
+            peer: peer.clone(),
+            repost: true,
+        };
+        let (link_half, driver, reposts) = zerocast_link::new(setup).map_err(handshake)?;
+        let Some(reposts) = reposts else {
+            return Err(handshake(ConnError::Unsupported("link without reposts")));
+        };
+        if let Some(id) = io.qp().cm().cloned() {
+            let (i, d) = (io.clone(), driver.clone());
+            std::thread::Builder::new()
+                .name("zerocast-rc-cm".into())
+                .spawn(move || cm_path::watch(&id, &i, &d))
+                .map_err(|e| ConnectError::Io { endpoint: peer.to_string(), source: e })?;
+        }
+        engine::spawn(&io, driver, reposts, link.max_batch)
+            .map_err(|e| ConnectError::Io { endpoint: peer.to_string(), source: e })?;
+        tracing::debug!(%peer, window = link.recv_window, peer_window = peer_hello.window, "rc connection up");
+        Ok(RcConnection::new(link_half, Resources(io)))
+    }
+}
+
+/// Keeps the QP and its tables alive as long as the connection handles.
+struct Resources(#[allow(dead_code)] Arc<Io>);
+
+impl zerocast_core::Transport for RcTransport {
+    type Conn = RcConnection;
+    type Listener = RcListener;
+
+    fn listen(&self, ep: &Endpoint) -> Result<RcListener, ConnectError> {
+        let link = self.link_config(ep)?;
+        let kind = match ep.scheme() {
+            Scheme::RcOob => ListenerKind::Oob(oob::OobListener::bind(self, ep, link)?),
+            _ => ListenerKind::Cm(cm_path::CmListener::bind(self, ep, link)?),
+        };
+        Ok(RcListener { kind })
+    }
+
+    fn connect(&self, ep: &Endpoint) -> Result<RcConnection, ConnectError> {
+        let link = self.link_config(ep)?;
+        match ep.scheme() {
+            Scheme::RcOob => oob::connect(self, ep, link),
+            _ => cm_path::connect(self, ep, link),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum ListenerKind {
+    Cm(cm_path::CmListener),
+    Oob(oob::OobListener),
+}
+
+/// Accepts `rc://` or `rc+oob://` connections.
+#[derive(Debug)]
+pub struct RcListener {
+    kind: ListenerKind,
+}
+
+impl zerocast_core::Listener for RcListener {
+    type Conn = RcConnection;
+
+    fn accept(&self) -> Result<RcConnection, ConnectError> {
+        match &self.kind {
+            ListenerKind::Cm(l) => l.accept(),
+            ListenerKind::Oob(l) => l.accept(),
+        }
+    }
+
+    fn local_endpoint(&self) -> &Endpoint {
+        match &self.kind {
+            ListenerKind::Cm(l) => l.local_endpoint(),
+            ListenerKind::Oob(l) => l.local_endpoint(),
+        }
+    }
+}
+
+/// Resolve an endpoint's host and port to one socket address.
+fn resolve(ep: &Endpoint) -> Result<std::net::SocketAddr, ConnectError> {
+    use std::net::ToSocketAddrs;
+    let io_err = |e| ConnectError::Io { endpoint: ep.to_string(), source: e };
+    let mut addrs = ep.authority().to_socket_addrs().map_err(io_err)?;
+    addrs.next().ok_or_else(|| io_err(std::io::Error::new(std::io::ErrorKind::NotFound, "no address")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_are_checked() {
+        assert!(RcConfig::default().validate().is_ok());
+        let err = RcConfig::default().with_timeout(0, 7).validate().expect_err("timeout 0");
+        assert!(err.to_string().contains("timeout 0 waits forever"), "{err}");
+        assert!(RcConfig::default().with_timeout(32, 7).validate().is_err());
+        assert!(RcConfig::default().with_timeout(14, 8).validate().is_err());
+        assert!(RcConfig::default().with_rnr_retry(8).validate().is_err());
+        assert!(RcConfig::default().with_rnr_retry(0).validate().is_ok());
+    }
+
+    #[test]
+    fn pool_classes_reach_max_payload() {
+        let link = LinkConfig::default().with_max_payload(100_000);
+        let pc = pool_config_for(&PoolConfig::default(), &link);
+        assert_eq!(pc.classes.last(), Some(&100_000));
+        assert!(pc.classes.windows(2).all(|w| w[0] < w[1]));
+    }
+}

@@ -1,0 +1,366 @@
+//! `rc+oob://`: connecting through a TCP side channel.
+//!
+//! Each side creates its CQ and QP, moves the QP to INIT and posts its
+//! receives, then both write one [`OobInfo`] (hello, QP number, PSN, LID,
+//! GID, and a placeholder region) and read the peer's. Each drives its QP
+//! to RTR (towards the peer's QPN/PSN/GID) and RTS, and the two exchange a
+//! ready byte, so neither sends before the other can receive.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdma_sys::{ibv_access_flags, ibv_gid, ibv_qp_attr, ibv_qp_attr_mask as m, ibv_qp_state};
+use zerocast_core::{ConnError, ConnectError, Endpoint, Hello, LinkConfig};
+
+use super::engine::Io;
+use super::{resolve, transport_err, RcConnection, RcError, RcTransport};
+use crate::verbs::QueuePair;
+
+const MAGIC: &[u8; 4] = b"ZCOB";
+const INFO_LEN: usize = 4 + 24 + 4 + 4 + 2 + 16 + 4 + 8;
+
+/// What each side tells the other over the side channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OobInfo {
+    hello: Hello,
+    qpn: u32,
+    psn: u32,
+    lid: u16,
+    gid: [u8; 16],
+    /// Exposed region (none yet: zero).
+    rkey: u32,
+    addr: u64,
+}
+
+impl OobInfo {
+    fn encode(&self) -> [u8; INFO_LEN] {
+        let mut b = [0u8; INFO_LEN];
+        b[..4].copy_from_slice(MAGIC);
+        b[4..28].copy_from_slice(&self.hello.encode());
+        b[28..32].copy_from_slice(&self.qpn.to_le_bytes());
+        b[32..36].copy_from_slice(&self.psn.to_le_bytes());
+        b[36..38].copy_from_slice(&self.lid.to_le_bytes());
+        b[38..54].copy_from_slice(&self.gid);
+        b[54..58].copy_from_slice(&self.rkey.to_le_bytes());
+        b[58..66].copy_from_slice(&self.addr.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; INFO_LEN]) -> Result<Self, ConnError> {
+        if &b[..4] != MAGIC {
+            return Err(ConnError::Handshake(zerocast_core::HandshakeError::NotHello));
+        }
+        let hello = Hello::decode(&b[4..28])?;
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[38..54]);
+        let mut addr = [0u8; 8];
+        addr.copy_from_slice(&b[58..66]);
+        Ok(Self {
+            hello,
+            qpn: u32_at(28),
+            psn: u32_at(32) & 0x00ff_ffff,
+            lid: u16::from_le_bytes([b[36], b[37]]),
+            gid,
+            rkey: u32_at(54),
+            addr: u64::from_le_bytes(addr),
+        })
+    }
+}
+
+/// The GID index to use on `port` of `dev`: `explicit`, else a RoCE v2
+/// GID holding an IPv4-mapped address, else the first RoCE v2, else 0.
+pub(crate) fn choose_gid_index(dev: &str, port: u8, explicit: Option<u8>) -> u8 {
+    if let Some(i) = explicit {
+        return i;
+    }
+    let base = format!("/sys/class/infiniband/{dev}/ports/{port}");
+    let mut first_v2 = None;
+    for i in 0..=255u8 {
+        let Ok(ty) = std::fs::read_to_string(format!("{base}/gid_attrs/types/{i}")) else {
+            if i > 16 {
+                break;
+            }
+            continue;
+        };
+        if !ty.trim().eq_ignore_ascii_case("RoCE v2") {
+            continue;
+        }
+        let gid = std::fs::read_to_string(format!("{base}/gids/{i}")).unwrap_or_default();
+        if gid.trim().starts_with("0000:0000:0000:0000:0000:ffff:") {
+            return i;
+        }
+        first_v2.get_or_insert(i);
+    }
+    first_v2.unwrap_or(0)
+}
+
+fn mtu_enum(bytes: u32) -> u32 {
+    match bytes {
+        4096.. => 5,
+        2048.. => 4,
+        1024.. => 3,
+        512.. => 2,
+        _ => 1,
+    }
+}
+
+fn zeroed_attr() -> ibv_qp_attr {
+    // SAFETY: all-zero is a valid `ibv_qp_attr`.
+    unsafe { std::mem::zeroed() }
+}
+
+struct Local {
+    qp_port: u8,
+    gid_index: u8,
+    gid: [u8; 16],
+    lid: u16,
+    mtu: u32,
+    ethernet: bool,
+}
+
+fn local_port(t: &RcTransport, ep: &Endpoint) -> Result<Local, RcError> {
+    let dev = &t.inner.device;
+    let port = dev.port();
+    let attr = dev.port_attr().map_err(|e| RcError::Config(e.to_string()))?;
+    let explicit = ep.param_as::<u8>("gid_index").ok().flatten().or(t.inner.cfg.gid_index);
+    let gid_index = choose_gid_index(dev.name(), port, explicit);
+    let mut gid = std::mem::MaybeUninit::<ibv_gid>::zeroed();
+    // SAFETY: open context, valid out-pointer.
+    let rc =
+        unsafe { rdma_sys::ibv_query_gid(dev.context().as_ptr(), port, gid_index.into(), gid.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(RcError::verbs("ibv_query_gid", crate::error::errno_from_rc(rc)));
+    }
+    // SAFETY: filled in by the query; `raw` is always a valid view.
+    let gid = unsafe { gid.assume_init().raw };
+    Ok(Local {
+        qp_port: port,
+        gid_index,
+        gid,
+        lid: attr.lid,
+        mtu: mtu_enum(attr.active_mtu),
+        ethernet: attr.ethernet,
+    })
+}
+
+fn to_init(qp: &QueuePair, port: u8) -> Result<(), RcError> {
+    let mut a = zeroed_attr();
+    a.qp_state = ibv_qp_state::IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = port;
+    a.qp_access_flags = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+        | ibv_access_flags::IBV_ACCESS_REMOTE_READ
+        | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
+        .0;
+    qp.modify(&mut a, m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS)
+        .map_err(|e| RcError::verbs("ibv_modify_qp(INIT)", e))
+}
+
+fn to_rtr_rts(
+    t: &RcTransport,
+    qp: &QueuePair,
+    local: &Local,
+    my_psn: u32,
+    peer: &OobInfo,
+) -> Result<(), RcError> {
+    let cfg = &t.inner.cfg;
+    let mut a = zeroed_attr();
+    a.qp_state = ibv_qp_state::IBV_QPS_RTR;
+    a.path_mtu = local.mtu;
+    a.dest_qp_num = peer.qpn;
+    a.rq_psn = peer.psn;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = cfg.min_rnr_timer;
+    a.ah_attr.port_num = local.qp_port;
+    a.ah_attr.dlid = peer.lid;
+    if local.ethernet || peer.gid != [0; 16] {
+        a.ah_attr.is_global = 1;
+        a.ah_attr.grh.dgid = ibv_gid { raw: peer.gid };
+        a.ah_attr.grh.sgid_index = local.gid_index;
+        a.ah_attr.grh.hop_limit = 64;
+    }
+    let mask = m::IBV_QP_STATE
+        | m::IBV_QP_AV
+        | m::IBV_QP_PATH_MTU
+        | m::IBV_QP_DEST_QPN
+        | m::IBV_QP_RQ_PSN
+        | m::IBV_QP_MAX_DEST_RD_ATOMIC
+        | m::IBV_QP_MIN_RNR_TIMER;
+    qp.modify(&mut a, mask).map_err(|e| RcError::verbs("ibv_modify_qp(RTR)", e))?;
+    let mut a = zeroed_attr();
+    a.qp_state = ibv_qp_state::IBV_QPS_RTS;
+    a.timeout = cfg.timeout;
+    a.retry_cnt = cfg.retry_cnt;
+    a.rnr_retry = cfg.rnr_retry;
+    a.sq_psn = my_psn;
+    a.max_rd_atomic = 1;
+    let mask = m::IBV_QP_STATE
+        | m::IBV_QP_TIMEOUT
+        | m::IBV_QP_RETRY_CNT
+        | m::IBV_QP_RNR_RETRY
+        | m::IBV_QP_SQ_PSN
+        | m::IBV_QP_MAX_QP_RD_ATOMIC;
+    qp.modify(&mut a, mask).map_err(|e| RcError::verbs("ibv_modify_qp(RTS)", e))
+}
+
+fn random_psn() -> u32 {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(1);
+    (nanos ^ std::process::id().rotate_left(8)) & 0x00ff_ffff
+}
+
+/// The whole side-channel handshake on a connected socket.
+fn establish(
+    t: &RcTransport,
+    mut sock: TcpStream,
+    ep: &Endpoint,
+    peer: Endpoint,
+    link: LinkConfig,
+) -> Result<RcConnection, ConnectError> {
+    let io_err = |e| ConnectError::Io { endpoint: peer.to_string(), source: e };
+    let handshake = |source: ConnError| ConnectError::Handshake { endpoint: peer.to_string(), source };
+    sock.set_nodelay(true).map_err(io_err)?;
+    sock.set_read_timeout(Some(t.inner.cfg.connect_timeout)).map_err(io_err)?;
+    let local = local_port(t, ep).map_err(transport_err)?;
+    let sizes = t.sizes(&link).map_err(transport_err)?;
+    let cq = t.cq(&sizes).map_err(transport_err)?;
+    let qp = QueuePair::create(&t.inner.pd, &cq, t.caps(&sizes))
+        .map_err(|e| transport_err(RcError::verbs("ibv_create_qp", e)))?;
+    to_init(&qp, local.qp_port).map_err(transport_err)?;
+    let qpn = qp.qp_num();
+    let io = t.new_io(qp, cq, sizes).map_err(transport_err)?;
+    let psn = random_psn();
+    let ours = OobInfo {
+        hello: zerocast_link::hello_for(&link, sizes.buf_size),
+        qpn,
+        psn,
+        lid: local.lid,
+        gid: local.gid,
+        rkey: 0,
+        addr: 0,
+    };
+    sock.write_all(&ours.encode()).map_err(io_err)?;
+    let mut buf = [0u8; INFO_LEN];
+    sock.read_exact(&mut buf).map_err(io_err)?;
+    let theirs = OobInfo::decode(&buf).map_err(handshake)?;
+    to_rtr_rts(t, io.qp(), &local, psn, &theirs).map_err(transport_err)?;
+    // Ready: neither side sends before the other's QP can receive.
+    sock.write_all(b"R").map_err(io_err)?;
+    let mut r = [0u8; 1];
+    sock.read_exact(&mut r).map_err(io_err)?;
+    if r != *b"R" {
+        return Err(handshake(ConnError::Handshake(zerocast_core::HandshakeError::NotHello)));
+    }
+    tracing::debug!(%peer, qpn, peer_qpn = theirs.qpn, gid_index = local.gid_index, "rc+oob QP in RTS");
+    let conn = t.finish(Arc::clone(&io), link, theirs.hello, peer)?;
+    // The side channel plays rdma_cm's DISCONNECTED: each side shuts it
+    // down when its QP is closed, and the peer closes its own on seeing that.
+    let _ = sock.set_read_timeout(Some(Duration::from_millis(20)));
+    std::thread::Builder::new()
+        .name("zerocast-rc-oob".into())
+        .spawn(move || watch(sock, &io))
+        .map_err(|e| ConnectError::Io { endpoint: "rc+oob side channel".into(), source: e })?;
+    Ok(conn)
+}
+
+/// Watch the side channel: end-of-file from the peer closes the QP (the
+/// peer said goodbye and closed, or died); our own close shuts it down.
+fn watch(mut sock: TcpStream, io: &Io) {
+    let mut shut_at: Option<Instant> = None;
+    let mut b = [0u8; 16];
+    loop {
+        match sock.read(&mut b) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) => {}
+            Err(_) => break,
+        }
+        if io.is_closing() {
+            let at = *shut_at.get_or_insert_with(|| {
+                let _ = sock.shutdown(Shutdown::Write);
+                Instant::now()
+            });
+            if at.elapsed() > Duration::from_secs(10) {
+                return;
+            }
+        }
+    }
+    io.mark_peer_disconnected();
+    if !io.is_closing() {
+        io.close();
+    }
+    let _ = sock.shutdown(Shutdown::Both);
+}
+
+pub(super) fn connect(
+    t: &RcTransport,
+    ep: &Endpoint,
+    link: LinkConfig,
+) -> Result<RcConnection, ConnectError> {
+    let addr = resolve(ep)?;
+    let sock = TcpStream::connect_timeout(&addr, t.inner.cfg.connect_timeout)
+        .map_err(|e| ConnectError::Io { endpoint: ep.to_string(), source: e })?;
+    establish(t, sock, ep, ep.clone(), link)
+}
+
+/// The TCP listener of `rc+oob://`.
+#[derive(Debug)]
+pub(super) struct OobListener {
+    sock: TcpListener,
+    transport: RcTransport,
+    local: Endpoint,
+    link: LinkConfig,
+}
+
+impl OobListener {
+    pub(super) fn bind(t: &RcTransport, ep: &Endpoint, link: LinkConfig) -> Result<Self, ConnectError> {
+        let addr = resolve(ep)?;
+        let sock = TcpListener::bind(addr).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AddrInUse => ConnectError::InUse(ep.to_string()),
+            _ => ConnectError::Io { endpoint: ep.to_string(), source: e },
+        })?;
+        let port = sock.local_addr().map(|a| a.port()).unwrap_or(0);
+        Ok(Self { sock, transport: t.clone(), local: ep.with_port(port), link })
+    }
+
+    pub(super) fn local_endpoint(&self) -> &Endpoint {
+        &self.local
+    }
+
+    pub(super) fn accept(&self) -> Result<RcConnection, ConnectError> {
+        let (sock, addr) = self
+            .sock
+            .accept()
+            .map_err(|e| ConnectError::Io { endpoint: self.local.to_string(), source: e })?;
+        let peer = Endpoint::parse(&format!("rc+oob://{addr}")).unwrap_or_else(|_| self.local.clone());
+        establish(&self.transport, sock, &self.local, peer, self.link)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_roundtrip_and_garbage() {
+        let info = OobInfo {
+            hello: Hello { window: 16, max_payload: 1 << 20, recv_buf_size: 1 << 20, flags: 0 },
+            qpn: 17,
+            psn: 0x12_3456,
+            lid: 0,
+            gid: [7; 16],
+            rkey: 0,
+            addr: 0,
+        };
+        assert_eq!(OobInfo::decode(&info.encode()).expect("decode"), info);
+        assert!(OobInfo::decode(&[0u8; INFO_LEN]).is_err());
+        assert_eq!(mtu_enum(1024), 3);
+        assert_eq!(mtu_enum(4096), 5);
+    }
+}

@@ -1,0 +1,399 @@
+//! Completion queues, queue pairs and registered header slabs.
+
+use std::fmt;
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::raw::c_int;
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+use rdma_sys::{
+    ibv_ack_cq_events, ibv_comp_channel, ibv_cq, ibv_create_comp_channel, ibv_create_cq, ibv_create_qp,
+    ibv_destroy_comp_channel, ibv_destroy_cq, ibv_destroy_qp, ibv_get_cq_event, ibv_modify_qp, ibv_poll_cq,
+    ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_recv_wr,
+    ibv_req_notify_cq, ibv_send_wr, ibv_wc, rdma_create_qp, rdma_destroy_qp,
+};
+
+use crate::cm::{poll_readable, set_nonblocking, CmId};
+use crate::device::{Context, ProtectionDomain};
+use crate::error::errno_from_rc;
+use crate::mr::MemoryRegion;
+
+/// A completion queue, optionally with its own completion channel.
+pub(crate) struct CompletionQueue {
+    raw: NonNull<ibv_cq>,
+    channel: Option<NonNull<ibv_comp_channel>>,
+    depth: usize,
+    _ctx: Arc<Context>,
+}
+
+// SAFETY: CQ verbs are thread-safe; polling happens on one thread (the poller).
+unsafe impl Send for CompletionQueue {}
+// SAFETY: as above.
+unsafe impl Sync for CompletionQueue {}
+
+impl CompletionQueue {
+    /// A CQ of at least `depth` entries; with `channel`, completion events
+    /// can be waited for on a file descriptor.
+    pub(crate) fn new(ctx: &Arc<Context>, depth: usize, channel: bool) -> io::Result<Arc<Self>> {
+        let ch = if channel {
+            // SAFETY: open context.
+            let ch = unsafe { ibv_create_comp_channel(ctx.as_ptr()) };
+            let ch = NonNull::new(ch).ok_or_else(io::Error::last_os_error)?;
+            // SAFETY: live channel.
+            set_nonblocking(unsafe { (*ch.as_ptr()).fd })?;
+            Some(ch)
+        } else {
+            None
+        };
+        let cqe = c_int::try_from(depth).unwrap_or(c_int::MAX);
+        let chp = ch.map_or(ptr::null_mut(), NonNull::as_ptr);
+        // SAFETY: open context; `chp` is null or a live channel of it.
+        let raw = unsafe { ibv_create_cq(ctx.as_ptr(), cqe, ptr::null_mut(), chp, 0) };
+        let Some(raw) = NonNull::new(raw) else {
+            let err = io::Error::last_os_error();
+            if let Some(ch) = ch {
+                // SAFETY: the channel has no CQ; destroyed once.
+                unsafe { ibv_destroy_comp_channel(ch.as_ptr()) };
+            }
+            return Err(err);
+        };
+        Ok(Arc::new(Self { raw, channel: ch, depth, _ctx: ctx.clone() }))
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut ibv_cq {
+        self.raw.as_ptr()
+    }
+
+    /// Poll up to `wcs.len()` completions; returns how many were written.
+    pub(crate) fn poll(&self, wcs: &mut [MaybeUninit<ibv_wc>]) -> io::Result<usize> {
+        let n = c_int::try_from(wcs.len()).unwrap_or(c_int::MAX);
+        // SAFETY: live CQ; `wcs` has room for `n` entries.
+        let rc = unsafe { ibv_poll_cq(self.as_ptr(), n, wcs.as_mut_ptr().cast()) };
+        if rc < 0 {
+            return Err(errno_from_rc(rc));
+        }
+        Ok(rc as usize)
+    }
+
+    /// Ask for an event on the next completion (channel mode).
+    pub(crate) fn arm(&self) -> io::Result<()> {
+        // SAFETY: live CQ.
+        let rc = unsafe { ibv_req_notify_cq(self.as_ptr(), 0) };
+        if rc != 0 {
+            return Err(errno_from_rc(rc));
+        }
+        Ok(())
+    }
+
+    /// Wait up to `ms` for a completion event and acknowledge it. Returns
+    /// whether one came. Without a channel, sleeps briefly instead.
+    pub(crate) fn wait(&self, ms: c_int) -> io::Result<bool> {
+        let Some(ch) = self.channel else {
+            std::thread::yield_now();
+            return Ok(false);
+        };
+        // SAFETY: live channel.
+        let fd = unsafe { (*ch.as_ptr()).fd };
+        if !poll_readable(fd, ms)? {
+            return Ok(false);
+        }
+        let mut cq: *mut ibv_cq = ptr::null_mut();
+        let mut ctx = ptr::null_mut();
+        // SAFETY: live channel, valid out-pointers; the fd is non-blocking.
+        let rc = unsafe { ibv_get_cq_event(ch.as_ptr(), &mut cq, &mut ctx) };
+        if rc != 0 {
+            return Ok(false);
+        }
+        // SAFETY: `cq` is this CQ (the only one on the channel); ack the one event.
+        unsafe { ibv_ack_cq_events(cq, 1) };
+        Ok(true)
+    }
+
+    pub(crate) fn has_channel(&self) -> bool {
+        self.channel.is_some()
+    }
+}
+
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        // SAFETY: every QP on this CQ holds an `Arc` of it, so none is left;
+        // every event was acked in `wait`.
+        let rc = unsafe { ibv_destroy_cq(self.raw.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(error = %errno_from_rc(rc), "ibv_destroy_cq failed");
+        }
+        if let Some(ch) = self.channel {
+            // SAFETY: its only CQ was destroyed just above.
+            unsafe { ibv_destroy_comp_channel(ch.as_ptr()) };
+        }
+    }
+}
+
+impl fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompletionQueue")
+            .field("depth", &self.depth)
+            .field("channel", &self.channel.is_some())
+            .finish()
+    }
+}
+
+/// Queue sizes of an RC queue pair.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QpCaps {
+    pub(crate) send_wr: u32,
+    pub(crate) recv_wr: u32,
+    /// Inline data asked for (0: none).
+    pub(crate) max_inline: u32,
+}
+
+/// A reliable-connected queue pair. Holds its CQ and PD (and, when rdma_cm
+/// created it, its CM id), so they outlive it.
+pub(crate) struct QueuePair {
+    raw: NonNull<ibv_qp>,
+    cm: Option<Arc<CmId>>,
+    _cq: Arc<CompletionQueue>,
+    pd: Arc<ProtectionDomain>,
+    /// Bytes a send may carry inline (what the provider granted).
+    max_inline: u32,
+}
+
+// SAFETY: posting and modifying are thread-safe verbs (the provider locks
+// each queue).
+unsafe impl Send for QueuePair {}
+// SAFETY: as above.
+unsafe impl Sync for QueuePair {}
+
+fn init_attr(cq: &CompletionQueue, caps: QpCaps) -> ibv_qp_init_attr {
+    // SAFETY: all-zero is a valid `ibv_qp_init_attr` (pointers null, counts 0).
+    let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+    attr.send_cq = cq.as_ptr();
+    attr.recv_cq = cq.as_ptr();
+    attr.cap.max_send_wr = caps.send_wr;
+    attr.cap.max_recv_wr = caps.recv_wr;
+    attr.cap.max_send_sge = 2;
+    attr.cap.max_recv_sge = 2;
+    attr.cap.max_inline_data = caps.max_inline;
+    attr.qp_type = ibv_qp_type::IBV_QPT_RC;
+    attr.sq_sig_all = 0;
+    attr
+}
+
+impl QueuePair {
+    /// A QP made with `ibv_create_qp` (out-of-band connections), in RESET.
+    pub(crate) fn create(
+        pd: &Arc<ProtectionDomain>,
+        cq: &Arc<CompletionQueue>,
+        caps: QpCaps,
+    ) -> io::Result<Self> {
+        let mut attr = init_attr(cq, caps);
+        // SAFETY: live PD and CQ (kept alive by the returned QP).
+        let mut raw = unsafe { ibv_create_qp(pd.as_ptr(), &mut attr) };
+        if raw.is_null() && caps.max_inline > 0 {
+            // The device may not do inline data at all: ask for none.
+            attr = init_attr(cq, QpCaps { max_inline: 0, ..caps });
+            // SAFETY: as above.
+            raw = unsafe { ibv_create_qp(pd.as_ptr(), &mut attr) };
+        }
+        let raw = NonNull::new(raw).ok_or_else(io::Error::last_os_error)?;
+        let max_inline = attr.cap.max_inline_data;
+        Ok(Self { raw, cm: None, _cq: cq.clone(), pd: pd.clone(), max_inline })
+    }
+
+    /// A QP made by rdma_cm on `id` (`rdma_create_qp`); rdma_cm moves it
+    /// through its states on connect/accept.
+    pub(crate) fn create_cm(
+        id: &Arc<CmId>,
+        pd: &Arc<ProtectionDomain>,
+        cq: &Arc<CompletionQueue>,
+        caps: QpCaps,
+    ) -> io::Result<Self> {
+        let mut attr = init_attr(cq, caps);
+        // SAFETY: live id bound to the PD's device (checked by the caller),
+        // live PD and CQ kept alive by the returned QP.
+        let mut rc = unsafe { rdma_create_qp(id.as_ptr(), pd.as_ptr(), &mut attr) };
+        if rc != 0 && caps.max_inline > 0 {
+            attr = init_attr(cq, QpCaps { max_inline: 0, ..caps });
+            // SAFETY: as above.
+            rc = unsafe { rdma_create_qp(id.as_ptr(), pd.as_ptr(), &mut attr) };
+        }
+        if rc != 0 {
+            return Err(errno_from_rc(rc));
+        }
+        // SAFETY: live id; `rdma_create_qp` set its `qp`.
+        let raw = unsafe { (*id.as_ptr()).qp };
+        let raw = NonNull::new(raw).ok_or_else(|| io::Error::other("rdma_create_qp made no QP"))?;
+        let max_inline = attr.cap.max_inline_data;
+        Ok(Self { raw, cm: Some(id.clone()), _cq: cq.clone(), pd: pd.clone(), max_inline })
+    }
+
+    pub(crate) fn qp_num(&self) -> u32 {
+        // SAFETY: live QP; `qp_num` never changes.
+        unsafe { (*self.raw.as_ptr()).qp_num }
+    }
+
+    pub(crate) fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+
+    /// Bytes (header included) a send may carry inline.
+    pub(crate) fn max_inline(&self) -> u32 {
+        self.max_inline
+    }
+
+    pub(crate) fn cm(&self) -> Option<&Arc<CmId>> {
+        self.cm.as_ref()
+    }
+
+    /// `ibv_modify_qp` with `attr` and `mask`.
+    pub(crate) fn modify(&self, attr: &mut ibv_qp_attr, mask: ibv_qp_attr_mask) -> io::Result<()> {
+        // SAFETY: live QP; `attr` is a valid attribute struct for `mask`.
+        let rc = unsafe { ibv_modify_qp(self.raw.as_ptr(), attr, mask.0 as c_int) };
+        if rc != 0 {
+            return Err(errno_from_rc(rc));
+        }
+        Ok(())
+    }
+
+    /// Move the QP to the error state: every posted WR completes, flushed.
+    pub(crate) fn to_error(&self) -> io::Result<()> {
+        // SAFETY: all-zero is a valid `ibv_qp_attr`.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        self.modify(&mut attr, ibv_qp_attr_mask::IBV_QP_STATE)
+    }
+
+    /// Post the chain of send WRs `wrs` (linked in slice order).
+    ///
+    /// On failure, returns how many WRs at the front of the chain were
+    /// posted (the provider's `bad_wr`) with the error.
+    ///
+    /// # Safety
+    /// `wrs` is a valid chain whose SGEs point into registered memory of
+    /// this QP's PD that stays valid until each WR's completion is polled.
+    pub(crate) unsafe fn post_send(&self, wrs: &mut [ibv_send_wr]) -> Result<(), (usize, io::Error)> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let mut bad: *mut ibv_send_wr = ptr::null_mut();
+        // SAFETY: live QP; the caller vouches for the chain.
+        let rc = unsafe { rdma_sys::ibv_post_send(self.raw.as_ptr(), wrs.as_mut_ptr(), &mut bad) };
+        if rc != 0 {
+            let base = wrs.as_ptr() as usize;
+            let size = std::mem::size_of::<ibv_send_wr>();
+            let posted = (bad as usize).checked_sub(base).map_or(0, |d| d / size).min(wrs.len());
+            return Err((posted, errno_from_rc(rc)));
+        }
+        Ok(())
+    }
+
+    /// Post one receive WR.
+    ///
+    /// # Safety
+    /// As [`post_send`](Self::post_send), for the receive's SGEs.
+    pub(crate) unsafe fn post_recv(&self, wr: *mut ibv_recv_wr) -> io::Result<()> {
+        let mut bad: *mut ibv_recv_wr = ptr::null_mut();
+        // SAFETY: live QP; the caller vouches for the WR.
+        let rc = unsafe { rdma_sys::ibv_post_recv(self.raw.as_ptr(), wr, &mut bad) };
+        if rc != 0 {
+            return Err(errno_from_rc(rc));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        match &self.cm {
+            // SAFETY: the id is live (held here) and owns this QP.
+            Some(id) => unsafe { rdma_destroy_qp(id.as_ptr()) },
+            None => {
+                // SAFETY: live QP, destroyed once; CQ and PD outlive it.
+                let rc = unsafe { ibv_destroy_qp(self.raw.as_ptr()) };
+                if rc != 0 {
+                    tracing::warn!(error = %errno_from_rc(rc), "ibv_destroy_qp failed");
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePair").field("qp_num", &self.qp_num()).field("cm", &self.cm.is_some()).finish()
+    }
+}
+
+/// Size of one frame-header slot.
+pub(crate) const SLOT: usize = zerocast_core::HEADER_LEN;
+
+/// A registered array of 16-byte frame-header slots: the first SGE of every
+/// send and receive.
+pub(crate) struct HeaderSlab {
+    ptr: NonNull<u8>,
+    slots: usize,
+    mr: Option<MemoryRegion>,
+}
+
+// SAFETY: the slab is plain memory; each slot is used by one WR at a time,
+// whose owner (the in-flight table) serialises access.
+unsafe impl Send for HeaderSlab {}
+// SAFETY: as above.
+unsafe impl Sync for HeaderSlab {}
+
+impl HeaderSlab {
+    pub(crate) fn new(pd: &Arc<ProtectionDomain>, slots: usize) -> Result<Self, zerocast_mem::RegisterError> {
+        let bytes: Box<[u8]> = vec![0u8; slots.max(1) * SLOT].into_boxed_slice();
+        let len = bytes.len();
+        // SAFETY: `Box::into_raw` never gives null.
+        let ptr = unsafe { NonNull::new_unchecked(Box::into_raw(bytes).cast::<u8>()) };
+        let mut slab = Self { ptr, slots: slots.max(1), mr: None };
+        // SAFETY: the memory stays allocated until `slab` drops, and the MR
+        // (a field of `slab`) is dropped first, in `Drop`.
+        slab.mr = Some(unsafe { MemoryRegion::register(pd, ptr, len) }?);
+        Ok(slab)
+    }
+
+    pub(crate) fn addr(&self, slot: usize) -> u64 {
+        debug_assert!(slot < self.slots);
+        self.ptr.as_ptr() as u64 + (slot * SLOT) as u64
+    }
+
+    pub(crate) fn lkey(&self) -> u32 {
+        self.mr.as_ref().map_or(0, |m| m.keys().lkey)
+    }
+
+    /// Write a header into `slot` (no WR may be using it).
+    pub(crate) fn write(&self, slot: usize, bytes: &[u8; SLOT]) {
+        assert!(slot < self.slots, "header slot out of range");
+        // SAFETY: in bounds; the slot is owned by the caller's table entry,
+        // so no posted WR reads or writes it now.
+        unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.as_ptr().add(slot * SLOT), SLOT) };
+    }
+
+    /// Read the header the device wrote into `slot` (its WR completed).
+    pub(crate) fn read(&self, slot: usize) -> [u8; SLOT] {
+        assert!(slot < self.slots, "header slot out of range");
+        let mut out = [0u8; SLOT];
+        // SAFETY: in bounds; the receive that wrote it has completed.
+        unsafe { ptr::copy_nonoverlapping(self.ptr.as_ptr().add(slot * SLOT), out.as_mut_ptr(), SLOT) };
+        out
+    }
+}
+
+impl Drop for HeaderSlab {
+    fn drop(&mut self) {
+        drop(self.mr.take());
+        let len = self.slots * SLOT;
+        // SAFETY: `ptr`/`len` came from `Box::into_raw` of a `[u8]` of `len`;
+        // the MR covering it was deregistered just above.
+        drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), len)) });
+    }
+}
+
+impl fmt::Debug for HeaderSlab {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeaderSlab").field("slots", &self.slots).finish()
+    }
+}

@@ -15,14 +15,15 @@
 //!   (hello, QPN, PSN, LID, GID), the QP driven INIT → RTR → RTS by hand.
 //!   Both run zerocast's shared link engine: zero-copy two-SGE sends and
 //!   receives (a 16-byte header slot, then the pool buffer), an in-flight
-//!   table per queue keyed by `wr_id`, credits equal to posted receives (so
-//!   RNR cannot happen), typed work-completion errors ([`RcError`]), and a
-//!   completion thread that busy-polls or sleeps on a completion channel
-//!   ([`CompletionMode`]).
+//!   table per queue keyed by `wr_id`, selective signalling (every 16th send
+//!   and the last of a batch), inline sends for small frames, credits equal
+//!   to posted receives (so RNR cannot happen), typed work-completion errors
+//!   ([`RcError`]), and a completion thread that busy-polls or sleeps on a
+//!   completion channel ([`CompletionMode`]).
 //!
 //! What it does not do yet: one-sided READ/WRITE and `expose`, rendezvous
-//! for messages larger than a receive buffer, shared receive queues, inline
-//! sends and selective signalling (every send is signalled), UD and multicast.
+//! for messages larger than a receive buffer, shared receive queues, UD and
+//! multicast.
 //!
 //! Testing: this crate's tests, and `tests/tests/conformance_rdma.rs`, need
 //! a verbs device. They are `#[ignore]`d on a plain `cargo test`;

@@ -10,7 +10,11 @@ fn transport_list_picks_the_first_usable_transport() {
 
     std::env::set_var("ZEROCAST_TRANSPORTS", "rc,tcp");
     let chosen = zc.resolve(&ep).expect("tcp is usable");
-    assert_eq!(chosen.scheme(), Scheme::Tcp, "rc is not built in here, so tcp is next");
+    assert_eq!(
+        chosen.scheme(),
+        Scheme::Tcp,
+        "rc is not usable on the host (not built in, or no device), so tcp is next"
+    );
 
     // The same application code, listening and connecting by a bare address.
     let listener = zc.listen("127.0.0.1:0").expect("listen");

@@ -48,16 +48,20 @@ impl Transport {
     /// Wait until every pool buffer is back (I/O threads release theirs
     /// asynchronously), or fail after `timeout`.
     pub fn assert_pool_drained(&self, timeout: Duration) {
-        let pool = self.zc.pool().expect("pool");
-        let start = Instant::now();
-        loop {
-            let s = pool.stats();
-            if s.buffers_in_use == 0 {
-                assert_eq!(s.buffers_free, s.buffers_total);
-                return;
-            }
-            assert!(start.elapsed() < timeout, "buffers leaked: {s:?}");
-            thread::sleep(Duration::from_millis(10));
+        assert_pool_drained(&self.zc.pool().expect("pool"), timeout);
+    }
+}
+
+/// Wait until every buffer of `pool` is back, or fail after `timeout`.
+pub fn assert_pool_drained(pool: &zerocast::Pool, timeout: Duration) {
+    let start = Instant::now();
+    loop {
+        let s = pool.stats();
+        if s.buffers_in_use == 0 {
+            assert_eq!(s.buffers_free, s.buffers_total);
+            return;
         }
+        assert!(start.elapsed() < timeout, "buffers leaked: {s:?}");
+        thread::sleep(Duration::from_millis(10));
     }
 }

@@ -235,8 +235,12 @@ impl Io {
     /// Stop posting receives and put the QP into the error state, so every
     /// posted work request completes (flushed) and its buffer comes back.
     pub(crate) fn close(&self) {
-        lock(&self.recv).closing = true;
+        // The flag first: whoever sees `RecvTable::closing` (the poller,
+        // deciding it is drained) also sees this, so a one-sided request
+        // checking it under its table's lock is either refused or counted
+        // as outstanding, never posted after the poller stopped.
         self.closing.store(true, Ordering::Release);
+        lock(&self.recv).closing = true;
         if let Some(id) = self.qp.cm() {
             // SAFETY: live id (held by the QP).
             unsafe { rdma_sys::rdma_disconnect(id.as_ptr()) };

@@ -224,3 +224,32 @@ fn run(io: &Io, op: Op, local: Buf, remote: RemoteRegion) -> Result<Buf, (Buf, R
 fn wait<'a>(cv: &Condvar, g: MutexGuard<'a, Vec<SlotState>>) -> MutexGuard<'a, Vec<SlotState>> {
     cv.wait_timeout(g, Duration::from_millis(20)).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_track_completions_and_abandonment() {
+        let t = Table::new();
+        {
+            let mut s = lock(&t.slots);
+            s[0] = SlotState::Posted;
+            s[3] = SlotState::Posted;
+        }
+        assert_eq!(t.outstanding(), 2);
+        t.complete(ONE_SIDED_BIT | 3, ibv_wc_status::IBV_WC_REM_ACCESS_ERR, 7);
+        assert_eq!(t.outstanding(), 1);
+        assert!(matches!(
+            lock(&t.slots)[3],
+            SlotState::Done(Some((ibv_wc_status::IBV_WC_REM_ACCESS_ERR, 7)))
+        ));
+        // A completion for a slot not in flight (or out of range) is ignored.
+        t.complete(ONE_SIDED_BIT | 5, ibv_wc_status::IBV_WC_SUCCESS, 0);
+        t.complete(ONE_SIDED_BIT | 999, ibv_wc_status::IBV_WC_SUCCESS, 0);
+        assert!(matches!(lock(&t.slots)[5], SlotState::Free));
+        t.abandon();
+        assert_eq!(t.outstanding(), 0);
+        assert!(matches!(lock(&t.slots)[0], SlotState::Done(None)));
+    }
+}

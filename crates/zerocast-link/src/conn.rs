@@ -1,6 +1,7 @@
 //! A ready-made [`zerocast_core::Connection`] over a [`Link`], shared by
 //! every backend built on this crate.
 
+use std::any::Any;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -23,7 +24,7 @@ struct Inner {
     link: Link,
     /// Kept alive as long as the connection: the backend's I/O resources
     /// (threads' shutdown handles, a QP) that must outlive the handles.
-    _resources: Box<dyn Send + Sync>,
+    resources: Box<dyn Any + Send + Sync>,
 }
 
 impl Drop for Inner {
@@ -58,7 +59,14 @@ impl<F: Flavor> fmt::Debug for Connection<F> {
 impl<F: Flavor> Connection<F> {
     /// Wrap a link; `resources` live as long as the connection.
     pub fn new(link: Link, resources: impl Send + Sync + 'static) -> Self {
-        Self { inner: Arc::new(Inner { link, _resources: Box::new(resources) }), _flavor: PhantomData }
+        Self { inner: Arc::new(Inner { link, resources: Box::new(resources) }), _flavor: PhantomData }
+    }
+
+    /// The backend resources given to [`Connection::new`], if they are an
+    /// `R`: how a backend reaches its own per-connection state (an RC
+    /// connection's queue pair, for one-sided operations).
+    pub fn resources<R: 'static>(&self) -> Option<&R> {
+        self.inner.resources.downcast_ref::<R>()
     }
 
     /// The underlying link.

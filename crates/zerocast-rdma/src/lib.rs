@@ -21,7 +21,12 @@
 //!   ([`RcError`]), and a completion thread that busy-polls or sleeps on a
 //!   completion channel ([`CompletionMode`]).
 //!
-//! What it does not do yet: one-sided READ/WRITE and `expose`, rendezvous
+//! - **one-sided** ([`OneSided`] on [`RcConnection`]): `expose` a pool
+//!   buffer as a [`RemoteRegion`] (serde, so it travels in a typed message),
+//!   RDMA READ and RDMA WRITE between a local pool buffer and a peer's
+//!   region, each a signalled request routed back to its blocked caller.
+//!
+//! What it does not do yet: RDMA WRITE with immediate, rendezvous
 //! for messages larger than a receive buffer, shared receive queues, UD and
 //! multicast.
 //!
@@ -45,6 +50,6 @@ pub use device::{Context, Device, DeviceAttr, PortAttr, PortState, ProtectionDom
 pub use error::DeviceError;
 pub use mr::{MemoryRegion, VerbsRegistrar};
 pub use rc::{
-    pool_config_for, wc_status_name, CompletionMode, Rc, RcConfig, RcConnection, RcError, RcListener,
-    RcTransport,
+    pool_config_for, wc_status_name, CompletionMode, OneSided, Rc, RcConfig, RcConnection, RcError,
+    RcListener, RcTransport, RemoteRegion,
 };

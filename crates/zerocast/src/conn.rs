@@ -73,6 +73,18 @@ impl Connection {
         }
     }
 
+    /// The RC connection underneath, for what only RDMA offers: one-sided
+    /// READ and WRITE through [`zerocast_rdma::OneSided`]. `None` on other
+    /// transports.
+    #[cfg(feature = "rdma")]
+    pub fn as_rc(&self) -> Option<&zerocast_rdma::RcConnection> {
+        match &self.flavor {
+            Flavor::Rc(c) => Some(c),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
     /// What the transport guarantees.
     pub fn caps(&self) -> Caps {
         fn caps_of<C: zerocast_core::Connection>(_: &C) -> Caps {

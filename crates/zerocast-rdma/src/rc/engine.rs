@@ -19,6 +19,7 @@ use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
 use zerocast_link::{Driver, Frame, Reposts};
 use zerocast_mem::{Buf, Pool, Wait};
 
+use crate::rc::one_sided::{self, ONE_SIDED_BIT};
 use crate::rc::RcError;
 use crate::verbs::{CompletionQueue, HeaderSlab, QueuePair};
 
@@ -87,6 +88,8 @@ pub(crate) struct Io {
     recv: Mutex<RecvTable>,
     send: Mutex<SendTable>,
     send_cv: Condvar,
+    /// One-sided requests in flight (see `one_sided`).
+    one_sided: one_sided::Table,
     pool: Pool,
     buf_size: usize,
     busy_poll: bool,
@@ -139,6 +142,7 @@ impl Io {
                 tail: 0,
             }),
             send_cv: Condvar::new(),
+            one_sided: one_sided::Table::new(),
             pool,
             buf_size: sizes.buf_size,
             busy_poll,
@@ -156,6 +160,10 @@ impl Io {
 
     pub(crate) fn qp(&self) -> &QueuePair {
         &self.qp
+    }
+
+    pub(crate) fn one_sided(&self) -> &one_sided::Table {
+        &self.one_sided
     }
 
     fn fresh_buf(&self) -> Result<Buf, RcError> {
@@ -227,8 +235,12 @@ impl Io {
     /// Stop posting receives and put the QP into the error state, so every
     /// posted work request completes (flushed) and its buffer comes back.
     pub(crate) fn close(&self) {
-        lock(&self.recv).closing = true;
+        // The flag first: whoever sees `RecvTable::closing` (the poller,
+        // deciding it is drained) also sees this, so a one-sided request
+        // checking it under its table's lock is either refused or counted
+        // as outstanding, never posted after the poller stopped.
         self.closing.store(true, Ordering::Release);
+        lock(&self.recv).closing = true;
         if let Some(id) = self.qp.cm() {
             // SAFETY: live id (held by the QP).
             unsafe { rdma_sys::rdma_disconnect(id.as_ptr()) };
@@ -237,6 +249,7 @@ impl Io {
             tracing::debug!(error = %e, "moving the QP to the error state failed");
         }
         self.send_cv.notify_all();
+        self.one_sided.wake();
     }
 
     pub(crate) fn is_closing(&self) -> bool {
@@ -252,7 +265,7 @@ impl Io {
             let r = lock(&self.recv);
             r.closing && r.posted == 0
         };
-        recv_done && lock(&self.send).outstanding() == 0
+        recv_done && lock(&self.send).outstanding() == 0 && self.one_sided.outstanding() == 0
     }
 }
 
@@ -463,6 +476,7 @@ fn poller(io: &Io, driver: &Driver) {
                 lock(&io.recv).posted,
                 lock(&io.send).outstanding()
             );
+            io.one_sided.abandon();
             break;
         }
         if io.busy_poll || !io.cq.has_channel() {
@@ -520,6 +534,11 @@ fn on_completion(io: &Io, driver: &Driver, wc: &ibv_wc) {
         if let Err(e) = on_receive(io, driver, &raw, wc.byte_len as usize, buf) {
             driver.fail(e);
             io.close();
+        }
+    } else if wc.wr_id & ONE_SIDED_BIT != 0 {
+        io.one_sided.complete(wc.wr_id, wc.status, wc.vendor_err);
+        if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
+            on_error(io, driver, wc.status, wc.vendor_err);
         }
     } else {
         lock(&io.send).complete_through(wc.wr_id);

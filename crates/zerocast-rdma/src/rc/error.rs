@@ -50,6 +50,17 @@ pub enum RcError {
         vendor_err: u32,
     },
     /// The peer disconnected (rdma_cm DISCONNECTED) before saying goodbye.
+    /// A one-sided transfer is longer than the remote region; nothing was posted.
+    #[error("one-sided transfer of {local} bytes does not fit the {remote}-byte remote region; nothing was posted")]
+    RemoteTooShort {
+        /// Bytes of the local buffer.
+        local: usize,
+        /// Bytes of the remote region.
+        remote: u64,
+    },
+    /// The connection is closed (or failed): no one-sided request was posted.
+    #[error("the RC connection is closed; no one-sided request was posted")]
+    Closed,
     #[error("the peer disconnected without closing the connection")]
     PeerDisconnected,
     /// A received frame did not match its completion.

@@ -19,6 +19,7 @@
 mod cm_path;
 mod engine;
 mod error;
+mod one_sided;
 mod oob;
 
 use std::fmt;
@@ -30,6 +31,7 @@ use zerocast_link::{Flavor, LinkSetup};
 use zerocast_mem::{Pool, PoolConfig};
 
 pub use error::{wc_status_name, RcError};
+pub use one_sided::{OneSided, RemoteRegion};
 
 use crate::cm::open_cm_device;
 use crate::device::{Device, ProtectionDomain};
@@ -282,7 +284,7 @@ impl RcTransport {
 
     fn cq(&self, sizes: &Sizes) -> Result<Arc<CompletionQueue>, RcError> {
         // Every slot of both tables is at most one completion: no overrun.
-        let depth = sizes.recv_window + sizes.send_depth + 1;
+        let depth = sizes.recv_window + sizes.send_depth + one_sided::ONE_SIDED_SLOTS + 1;
         let channel = self.inner.cfg.completion == CompletionMode::Channel;
         CompletionQueue::new(self.inner.pd.context(), depth, channel)
             .map_err(|e| RcError::verbs("ibv_create_cq", e))
@@ -290,7 +292,8 @@ impl RcTransport {
 
     fn caps(&self, sizes: &Sizes) -> QpCaps {
         QpCaps {
-            send_wr: sizes.send_depth as u32,
+            // The send table's ring, plus the one-sided slots.
+            send_wr: (sizes.send_depth + one_sided::ONE_SIDED_SLOTS) as u32,
             recv_wr: sizes.recv_window as u32,
             max_inline: self.inner.cfg.max_inline,
         }
@@ -356,7 +359,7 @@ impl RcTransport {
 }
 
 /// Keeps the QP and its tables alive as long as the connection handles.
-struct Resources(#[allow(dead_code)] Arc<Io>);
+struct Resources(Arc<Io>);
 
 impl zerocast_core::Transport for RcTransport {
     type Conn = RcConnection;

@@ -1,0 +1,255 @@
+//! One-sided operations on an RC connection: RDMA READ and RDMA WRITE
+//! between a local pool buffer and a [`RemoteRegion`] the peer exposed.
+//!
+//! Each operation is one signalled work request on the connection's QP,
+//! with `wr_id = ONE_SIDED_BIT | slot`. The caller blocks while the request
+//! is in flight and holds the local buffer meanwhile, so the buffer cannot
+//! be dropped or reused before the completion thread has polled the
+//! request's completion (or, if that thread gave up on a dead QP, stopped
+//! polling). At most [`ONE_SIDED_SLOTS`] operations are
+//! in flight per connection: the slots are the semaphore, and the send
+//! queue and CQ are sized with that many extra entries, so a one-sided
+//! request can neither overflow the send queue nor overrun the CQ.
+//!
+//! Failure is RC failure: a bad rkey or an access outside the region comes
+//! back as `IBV_WC_REM_ACCESS_ERR` ([`RcError::RemoteAccess`]); the QP
+//! enters the error state, so the whole connection fails, and every other
+//! posted request flushes and returns its buffer to the pool.
+//!
+//! What it does not do: RDMA WRITE with immediate (it consumes a receive
+//! the peer posted, which the credit window would have to account for).
+
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rdma_sys::{ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc_status, ibv_wr_opcode};
+use zerocast_mem::Buf;
+
+use super::engine::Io;
+use super::{RcConnection, RcError, Resources};
+
+/// Marks a one-sided work request's `wr_id` (receives use bit 63, sends
+/// their sequence number).
+pub(crate) const ONE_SIDED_BIT: u64 = 1 << 62;
+/// One-sided operations in flight per connection, at most.
+pub(crate) const ONE_SIDED_SLOTS: usize = 16;
+
+/// A memory range of the peer that RDMA READ and WRITE may target: its
+/// virtual address, length and remote key. Plain data, so it can travel
+/// inside a typed message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RemoteRegion {
+    /// Start address in the peer's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote key of the memory region that holds the range.
+    pub rkey: u32,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+enum SlotState {
+    #[default]
+    Free,
+    /// Posted, waiting for its completion.
+    Posted,
+    /// Completed with this `ibv_wc_status` and vendor error (or, for
+    /// `None`, abandoned by a completion thread that stopped polling).
+    Done(Option<(u32, u32)>),
+}
+
+#[derive(Debug)]
+pub(crate) struct Table {
+    slots: Mutex<Vec<SlotState>>,
+    cv: Condvar,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Table {
+    pub(crate) fn new() -> Self {
+        Self { slots: Mutex::new(vec![SlotState::Free; ONE_SIDED_SLOTS]), cv: Condvar::new() }
+    }
+
+    /// Requests posted and not yet completed.
+    pub(crate) fn outstanding(&self) -> usize {
+        lock(&self.slots).iter().filter(|s| matches!(s, SlotState::Posted)).count()
+    }
+
+    /// The completion thread polled request `wr_id`.
+    pub(crate) fn complete(&self, wr_id: u64, status: u32, vendor_err: u32) {
+        let i = (wr_id & !ONE_SIDED_BIT) as usize;
+        let mut t = lock(&self.slots);
+        match t.get_mut(i) {
+            Some(s @ SlotState::Posted) => *s = SlotState::Done(Some((status, vendor_err))),
+            _ => tracing::warn!(slot = i, "one-sided completion for a slot not in flight"),
+        }
+        drop(t);
+        self.cv.notify_all();
+    }
+
+    /// The completion thread stops polling (the QP is in the error state and
+    /// its flushes never came): wake every waiter.
+    pub(crate) fn abandon(&self) {
+        let mut t = lock(&self.slots);
+        for s in t.iter_mut().filter(|s| matches!(s, SlotState::Posted)) {
+            *s = SlotState::Done(None);
+        }
+        drop(t);
+        self.cv.notify_all();
+    }
+
+    /// Wake waiters for a free slot (the connection is closing).
+    pub(crate) fn wake(&self) {
+        self.cv.notify_all();
+    }
+}
+
+/// RDMA READ, WRITE and `expose` on an RC connection.
+pub trait OneSided {
+    /// The peer-usable description of `buf`'s bytes (`addr`, `len()`, rkey).
+    ///
+    /// The rkey is that of the pool region holding `buf`: every pool region
+    /// is registered with `REMOTE_READ | REMOTE_WRITE`, so the key also
+    /// reaches the region's other buffers. That is the price of zero-copy
+    /// from any pool buffer; least privilege would register a dedicated
+    /// region per exposure. Keep `buf` alive (and unsent) as long as the
+    /// peer may access it.
+    fn expose(&self, buf: &Buf) -> RemoteRegion;
+
+    /// RDMA READ `local.len()` bytes from `remote` into `local`, blocking
+    /// until the completion is polled. On failure the buffer comes back
+    /// with the error; a device error fails the connection.
+    fn read(&self, local: Buf, remote: RemoteRegion) -> Result<Buf, (Buf, RcError)>;
+
+    /// RDMA WRITE the bytes of `local` to the start of `remote`, blocking
+    /// until the completion is polled (the data is then in the peer's
+    /// memory).
+    fn write(&self, local: Buf, remote: RemoteRegion) -> Result<Buf, (Buf, RcError)>;
+}
+
+impl OneSided for RcConnection {
+    fn expose(&self, buf: &Buf) -> RemoteRegion {
+        RemoteRegion { addr: buf.addr(), len: buf.len() as u64, rkey: buf.keys().rkey }
+    }
+
+    fn read(&self, local: Buf, remote: RemoteRegion) -> Result<Buf, (Buf, RcError)> {
+        match self.resources::<Resources>() {
+            Some(r) => run(&r.0, Op::Read, local, remote),
+            None => Err((local, RcError::Config("not an RC connection's resources".into()))),
+        }
+    }
+
+    fn write(&self, local: Buf, remote: RemoteRegion) -> Result<Buf, (Buf, RcError)> {
+        match self.resources::<Resources>() {
+            Some(r) => run(&r.0, Op::Write, local, remote),
+            None => Err((local, RcError::Config("not an RC connection's resources".into()))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Read,
+    Write,
+}
+
+fn run(io: &Io, op: Op, local: Buf, remote: RemoteRegion) -> Result<Buf, (Buf, RcError)> {
+    let len = local.len();
+    if len as u64 > remote.len {
+        return Err((local, RcError::RemoteTooShort { local: len, remote: remote.len }));
+    }
+    let Ok(length) = u32::try_from(len) else {
+        return Err((local, RcError::Config(format!("one-sided transfer of {len} bytes exceeds 4 GiB"))));
+    };
+    let table = io.one_sided();
+    // Take a free slot: the semaphore bounding requests in flight.
+    let mut t = lock(&table.slots);
+    let slot = loop {
+        if io.is_closing() {
+            return Err((local, RcError::Closed));
+        }
+        if let Some(i) = t.iter().position(|s| matches!(s, SlotState::Free)) {
+            break i;
+        }
+        t = wait(&table.cv, t);
+    };
+    let mut sge = ibv_sge { addr: local.addr(), length, lkey: local.keys().lkey };
+    // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).
+    let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+    wr.wr_id = ONE_SIDED_BIT | slot as u64;
+    wr.sg_list = &mut sge;
+    wr.num_sge = 1;
+    wr.opcode = match op {
+        Op::Read => ibv_wr_opcode::IBV_WR_RDMA_READ,
+        Op::Write => ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+    };
+    wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+    wr.wr.rdma.remote_addr = remote.addr;
+    wr.wr.rdma.rkey = remote.rkey;
+    // The buffer stays with this (blocked) caller until the request
+    // completes: nothing else can drop or reuse it meanwhile.
+    t[slot] = SlotState::Posted;
+    // SAFETY: the SGE points into a registered pool buffer of this QP's PD
+    // (the transport's pool); `local` is not touched or dropped until the
+    // request's completion is polled (the wait below); `sge` outlives the
+    // call, which copies the WR.
+    if let Err((_, e)) = unsafe { io.qp().post_send(std::slice::from_mut(&mut wr)) } {
+        t[slot] = SlotState::Free;
+        drop(t);
+        table.cv.notify_all();
+        return Err((local, RcError::verbs("ibv_post_send (one-sided)", e)));
+    }
+    // Wait for the completion thread to route the completion here. The QP
+    // always completes or flushes a posted request, and the completion
+    // thread keeps polling while one is outstanding.
+    let status = loop {
+        if let SlotState::Done(status) = t[slot] {
+            t[slot] = SlotState::Free;
+            break status;
+        }
+        t = wait(&table.cv, t);
+    };
+    drop(t);
+    table.cv.notify_all();
+    match status {
+        Some((ibv_wc_status::IBV_WC_SUCCESS, _)) => Ok(local),
+        Some((s, vendor_err)) => Err((local, RcError::from_wc_status(s, vendor_err))),
+        None => Err((local, RcError::Flushed)),
+    }
+}
+
+fn wait<'a>(cv: &Condvar, g: MutexGuard<'a, Vec<SlotState>>) -> MutexGuard<'a, Vec<SlotState>> {
+    cv.wait_timeout(g, Duration::from_millis(20)).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_track_completions_and_abandonment() {
+        let t = Table::new();
+        {
+            let mut s = lock(&t.slots);
+            s[0] = SlotState::Posted;
+            s[3] = SlotState::Posted;
+        }
+        assert_eq!(t.outstanding(), 2);
+        t.complete(ONE_SIDED_BIT | 3, ibv_wc_status::IBV_WC_REM_ACCESS_ERR, 7);
+        assert_eq!(t.outstanding(), 1);
+        assert!(matches!(
+            lock(&t.slots)[3],
+            SlotState::Done(Some((ibv_wc_status::IBV_WC_REM_ACCESS_ERR, 7)))
+        ));
+        // A completion for a slot not in flight (or out of range) is ignored.
+        t.complete(ONE_SIDED_BIT | 5, ibv_wc_status::IBV_WC_SUCCESS, 0);
+        t.complete(ONE_SIDED_BIT | 999, ibv_wc_status::IBV_WC_SUCCESS, 0);
+        assert!(matches!(lock(&t.slots)[5], SlotState::Free));
+        t.abandon();
+        assert_eq!(t.outstanding(), 0);
+        assert!(matches!(lock(&t.slots)[0], SlotState::Done(None)));
+    }
+}

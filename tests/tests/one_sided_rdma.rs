@@ -1,0 +1,253 @@
+//! One-sided RDMA on RC connections, over `rc://` and `rc+oob://`: a
+//! buffer exposed as a `RemoteRegion` travels in a typed message, the peer
+//! RDMA-READs or RDMA-WRITEs it; a forged rkey is a typed remote-access
+//! error; a local buffer longer than the region is refused before posting.
+//!
+//! Every test needs a verbs device: they are ignored on a plain `cargo
+//! test`; `scripts/test` runs them inside the Soft-RoCE guest, serially.
+
+#![cfg(feature = "rdma")]
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use zerocast::rdma::{OneSided, RcConnection, RcError, RemoteRegion};
+use zerocast::{Config, Connection, LinkConfig, Receiver, Sender, Zerocast};
+use zerocast_tests::Transport;
+
+/// The address rxe0 is bound to in the guest.
+fn addr() -> String {
+    std::env::var("ZEROCAST_RDMA_ADDR").unwrap_or_else(|_| "10.0.2.15".to_owned())
+}
+
+fn transport(scheme: &str) -> Transport {
+    let uri = Box::leak(format!("{scheme}://{}:0", addr()).into_boxed_str());
+    let cfg = Config::default().with_link(LinkConfig::default().with_recv_window(16));
+    Transport { zc: Zerocast::with_config(cfg), listen_uri: uri }
+}
+
+/// Every registered RC buffer is back in its pool.
+fn assert_rc_pool_drained(t: &Transport) {
+    let pool = t.zc.rc().expect("rc transport").pool().clone();
+    let start = Instant::now();
+    loop {
+        let s = pool.stats();
+        if s.buffers_in_use == 0 {
+            assert_eq!(s.buffers_free, s.buffers_total);
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "RC buffers leaked: {s:?}");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// What the two sides tell each other.
+#[derive(Debug, Serialize, Deserialize)]
+enum Msg {
+    Region(RemoteRegion),
+    Done,
+}
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+const LEN: usize = 64 * 1024;
+
+fn pattern(i: usize, seed: u8) -> u8 {
+    (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8
+}
+
+fn rc(c: &Connection) -> &RcConnection {
+    c.as_rc().expect("an RC connection")
+}
+
+/// One side of a pair: the connection and its typed halves (dropping a
+/// typed half closes that direction, so they live as long as the side).
+struct Side {
+    conn: Connection,
+    tx: Sender<Msg>,
+    rx: Receiver<Msg>,
+}
+
+impl Side {
+    fn new(conn: Connection) -> Self {
+        let (tx, rx) = conn.clone().split::<Msg, Msg>();
+        Self { conn, tx, rx }
+    }
+}
+
+/// A connected pair: (client, server).
+fn sides(t: &Transport) -> (Side, Side) {
+    let (client, server) = t.pair();
+    (Side::new(client), Side::new(server))
+}
+
+/// Send a typed message from `s`.
+fn tell(s: &Side, m: Msg) {
+    s.tx.send(m).expect("typed send");
+}
+
+/// Receive a typed message on `s`.
+fn hear(s: &Side) -> Msg {
+    s.rx.recv_timeout(TIMEOUT).expect("typed receive")
+}
+
+/// The server exposes a patterned buffer; the client reads it.
+fn read_exposed(t: &Transport) {
+    let (client, server) = sides(t);
+    let mut exposed = server.conn.alloc(LEN).expect("alloc");
+    for (i, b) in exposed.iter_mut().enumerate() {
+        *b = pattern(i, 7);
+    }
+    tell(&server, Msg::Region(rc(&server.conn).expose(&exposed)));
+    let Msg::Region(region) = hear(&client) else { panic!("expected a region") };
+    assert_eq!(region.len, LEN as u64);
+    let local = client.conn.alloc(LEN).expect("alloc");
+    let start = Instant::now();
+    let local = rc(&client.conn).read(local, region).map_err(|(_, e)| e).expect("RDMA READ");
+    println!("READ of {LEN} bytes took {:?}", start.elapsed());
+    assert!(local.iter().enumerate().all(|(i, &b)| b == pattern(i, 7)), "READ bytes differ");
+    tell(&client, Msg::Done);
+    assert!(matches!(hear(&server), Msg::Done));
+    drop((local, exposed, client, server));
+}
+
+/// The client writes a pattern into the server's exposed buffer, then says
+/// so in a typed message.
+fn write_exposed(t: &Transport) {
+    let (client, server) = sides(t);
+    let mut exposed = server.conn.alloc(LEN).expect("alloc");
+    exposed.fill(0);
+    tell(&server, Msg::Region(rc(&server.conn).expose(&exposed)));
+    let Msg::Region(region) = hear(&client) else { panic!("expected a region") };
+    let mut local = client.conn.alloc(LEN).expect("alloc");
+    for (i, b) in local.iter_mut().enumerate() {
+        *b = pattern(i, 42);
+    }
+    let local = rc(&client.conn).write(local, region).map_err(|(_, e)| e).expect("RDMA WRITE");
+    tell(&client, Msg::Done);
+    assert!(matches!(hear(&server), Msg::Done));
+    assert!(exposed.iter().enumerate().all(|(i, &b)| b == pattern(i, 42)), "WRITE bytes differ");
+    // Half the region, at an offset: the region arithmetic is the caller's.
+    let half = RemoteRegion { addr: region.addr + 1000, len: region.len - 1000, rkey: region.rkey };
+    let mut small = client.conn.alloc(1000).expect("alloc");
+    small.fill(0xee);
+    let small = rc(&client.conn).write(small, half).map_err(|(_, e)| e).expect("RDMA WRITE at an offset");
+    tell(&client, Msg::Done);
+    assert!(matches!(hear(&server), Msg::Done));
+    assert!(exposed[1000..2000].iter().all(|&b| b == 0xee));
+    assert_eq!(exposed[999], pattern(999, 42));
+    assert_eq!(exposed[2000], pattern(2000, 42));
+    drop((local, small, exposed, client, server));
+}
+
+/// More one-sided requests at once than the connection has slots: they
+/// wait for a slot, none is lost.
+fn many_concurrent_reads(t: &Transport) {
+    let (client, server) = sides(t);
+    let mut exposed = server.conn.alloc(4096).expect("alloc");
+    for (i, b) in exposed.iter_mut().enumerate() {
+        *b = pattern(i, 3);
+    }
+    let region = rc(&server.conn).expose(&exposed);
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let c = client.conn.clone();
+            thread::spawn(move || {
+                for _ in 0..25 {
+                    let local = c.alloc(4096).expect("alloc");
+                    let local = rc(&c).read(local, region).map_err(|(_, e)| e).expect("RDMA READ");
+                    assert!(local.iter().enumerate().all(|(i, &b)| b == pattern(i, 3)));
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("reader thread");
+    }
+    drop((exposed, client, server));
+}
+
+/// A forged rkey: the READ fails with a typed remote-access error, fast,
+/// and the failed connection gives every buffer back.
+fn forged_rkey(t: &Transport) {
+    let (client, server) = sides(t);
+    let exposed = server.conn.alloc(4096).expect("alloc");
+    let mut region = rc(&server.conn).expose(&exposed);
+    region.rkey ^= 0x5a5a;
+    let local = client.conn.alloc(4096).expect("alloc");
+    let start = Instant::now();
+    let (local, err) = rc(&client.conn).read(local, region).expect_err("a forged rkey must fail");
+    let took = start.elapsed();
+    println!("forged rkey: {err} after {took:?}");
+    assert!(matches!(err, RcError::RemoteAccess), "not a remote access error: {err:?}");
+    assert!(took < Duration::from_secs(5), "remote access error took {took:?}");
+    // The QP is in the error state: later requests fail too, typed.
+    let (local, err) = rc(&client.conn).read(local, region).expect_err("the connection failed");
+    assert!(matches!(err, RcError::Closed | RcError::Flushed), "{err:?}");
+    drop((local, exposed, client, server));
+    assert_rc_pool_drained(t);
+}
+
+/// A local buffer longer than the remote region is refused before posting,
+/// and the connection still works.
+fn local_longer_than_remote(t: &Transport) {
+    let (client, server) = sides(t);
+    let exposed = server.conn.alloc(64).expect("alloc");
+    let region = rc(&server.conn).expose(&exposed);
+    let local = client.conn.alloc(128).expect("alloc");
+    let (local, err) = rc(&client.conn).read(local, region).expect_err("too long for the region");
+    assert!(matches!(err, RcError::RemoteTooShort { local: 128, remote: 64 }), "{err:?}");
+    let (local, err) = rc(&client.conn).write(local, region).expect_err("too long for the region");
+    assert!(matches!(err, RcError::RemoteTooShort { .. }), "{err:?}");
+    assert_eq!(local.len(), 128, "the buffer comes back as it was");
+    tell(&client, Msg::Done);
+    assert!(matches!(hear(&server), Msg::Done), "the connection still works");
+    drop((local, exposed, client, server));
+}
+
+macro_rules! one_sided {
+    ($name:ident, $scheme:expr) => {
+        mod $name {
+            use super::*;
+
+            fn run(f: impl FnOnce(&Transport)) {
+                let t = transport($scheme);
+                f(&t);
+                assert_rc_pool_drained(&t);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn read_exposed_region() {
+                run(read_exposed);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn write_exposed_region() {
+                run(write_exposed);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn more_reads_than_slots() {
+                run(many_concurrent_reads);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn forged_rkey_is_remote_access_error() {
+                run(forged_rkey);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn local_longer_than_remote_is_refused() {
+                run(local_longer_than_remote);
+            }
+        }
+    };
+}
+
+one_sided!(rc, "rc");
+one_sided!(rc_oob, "rc+oob");

@@ -470,11 +470,10 @@ fn poller(io: &Io, driver: &Driver) {
         }
         let idle = *idle_since.get_or_insert_with(Instant::now);
         if io.is_closing() && idle.elapsed() > Duration::from_secs(10) {
-            tracing::warn!("RC connection: flush completions missing after close; giving up on them");
-            eprintln!(
-                "DBG giving up: recv posted {} send outstanding {}",
-                lock(&io.recv).posted,
-                lock(&io.send).outstanding()
+            tracing::warn!(
+                recv_posted = lock(&io.recv).posted,
+                send_outstanding = lock(&io.send).outstanding(),
+                "RC connection: flush completions missing after close; giving up on them"
             );
             io.one_sided.abandon();
             break;

@@ -29,17 +29,7 @@ fn transport(scheme: &str) -> Transport {
 
 /// Every registered RC buffer is back in its pool.
 fn assert_rc_pool_drained(t: &Transport) {
-    let pool = t.zc.rc().expect("rc transport").pool().clone();
-    let start = Instant::now();
-    loop {
-        let s = pool.stats();
-        if s.buffers_in_use == 0 {
-            assert_eq!(s.buffers_free, s.buffers_total);
-            return;
-        }
-        assert!(start.elapsed() < Duration::from_secs(10), "RC buffers leaked: {s:?}");
-        thread::sleep(Duration::from_millis(10));
-    }
+    zerocast_tests::assert_pool_drained(t.zc.rc().expect("rc transport").pool(), Duration::from_secs(10));
 }
 
 /// What the two sides tell each other.

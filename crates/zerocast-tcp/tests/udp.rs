@@ -218,8 +218,20 @@ fn hostile_bytes_are_dropped_and_counted() {
         }
         junk.push(d);
     }
-    for d in &junk {
-        raw.send_to(d, rx.local_addr()).unwrap();
+    // In small batches, each drained before the next: a burst of hundreds of
+    // datagrams could overflow a small SO_RCVBUF, and the kernel would drop
+    // them before zerocast ever saw them.
+    for (n, batch) in junk.chunks(16).enumerate() {
+        for d in batch {
+            raw.send_to(d, rx.local_addr()).unwrap();
+        }
+        let sent = (n * 16 + batch.len()) as u64;
+        let deadline = Instant::now() + WAIT;
+        while rx.stats().dropped_malformed < sent {
+            assert!(matches!(rx.try_recv_from(), Err(RecvError::Empty)), "junk was taken as a datagram");
+            assert!(Instant::now() < deadline, "only {:?} of {sent} junk datagrams seen", rx.stats());
+            std::thread::yield_now();
+        }
     }
     let tx = unicast();
     send(&tx, b"still here", rx.local_addr());

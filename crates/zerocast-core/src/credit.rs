@@ -168,6 +168,25 @@ impl Credits {
         self.stamp()
     }
 
+    /// Stamp the frame of reservation `r` without returning credits on it:
+    /// for a frame that has no room for them, such as an RDMA WRITE with
+    /// immediate, whose 32-bit immediate is the application's. Owed credits
+    /// stay owed for a later frame.
+    pub fn commit_bare(&mut self, r: Reservation) -> Stamp {
+        let Reservation(()) = r;
+        self.stats.data_sent += 1;
+        let seq = self.next_tx_seq;
+        self.next_tx_seq = seq.wrapping_add(1);
+        Stamp { seq, credits: 0 }
+    }
+
+    /// The sequence number the next received frame must carry: what a
+    /// frame without a header (an RDMA WRITE with immediate) is taken to
+    /// carry.
+    pub fn next_rx_seq(&self) -> u32 {
+        self.next_rx_seq
+    }
+
     /// Whether an explicit credit frame should be sent now: half the window
     /// (at least two buffers) is owed, or the peer said goodbye, and a credit
     /// is available for it.

@@ -20,6 +20,11 @@ pub struct Frame {
     pub header: Header,
     /// The payload (data frames only).
     pub payload: Option<Buf>,
+    /// 0 for a plain frame. Otherwise the tag the application gave
+    /// [`crate::Link::send_tagged`]: the backend carries this data frame in
+    /// its own way (an RDMA WRITE with immediate, say). The header then
+    /// returns no credits.
+    pub tag: u32,
 }
 
 /// The handle a backend's I/O threads use. Clone it for each thread.
@@ -66,13 +71,13 @@ impl Driver {
             }
             if batch.is_empty() {
                 if let Some(stamp) = st.credits.poll_credit_frame() {
-                    batch.push(Frame { header: stamp.header(FrameKind::Credit, 0), payload: None });
+                    batch.push(Frame { header: stamp.header(FrameKind::Credit, 0), payload: None, tag: 0 });
                 }
             }
             if st.local_closed && !st.goodbye_sent && self.outgoing.is_empty() {
                 if let Some(stamp) = st.credits.poll_control_frame() {
                     st.goodbye_sent = true;
-                    batch.push(Frame { header: stamp.header(FrameKind::Control, 0), payload: None });
+                    batch.push(Frame { header: stamp.header(FrameKind::Control, 0), payload: None, tag: 0 });
                 }
             }
             if !batch.is_empty() {
@@ -86,9 +91,10 @@ impl Driver {
 
     fn stamp(&self, st: &mut State, item: Outgoing, batch: &mut Vec<Frame>) {
         match item {
-            Outgoing::Data(buf, r) => {
-                let header = st.credits.commit(r).header(FrameKind::Data, buf.len() as u64);
-                batch.push(Frame { header, payload: Some(buf) });
+            Outgoing::Data(buf, r, tag) => {
+                let stamp = if tag == 0 { st.credits.commit(r) } else { st.credits.commit_bare(r) };
+                let header = stamp.header(FrameKind::Data, buf.len() as u64);
+                batch.push(Frame { header, payload: Some(buf), tag });
             }
             Outgoing::Wake => st.wake_queued = false,
         }
@@ -98,6 +104,21 @@ impl Driver {
     /// application. An error means the peer broke the protocol; the
     /// connection is already marked failed when it is returned.
     pub fn on_frame(&self, header: Header, payload: Option<Buf>) -> Result<(), ConnError> {
+        self.on_frame_inner(header, payload, None)
+    }
+
+    /// Account for a data frame that arrived without a header, as the
+    /// immediate value `imm` of an RDMA WRITE with immediate: it takes the
+    /// next sequence number and returns no credits. `buf` is the receive
+    /// buffer it consumed (empty); the application sees `imm` through
+    /// [`crate::RecvBuf::immediate`].
+    pub fn on_immediate(&self, imm: u32, buf: Buf) -> Result<(), ConnError> {
+        let seq = self.shared.lock().credits.next_rx_seq();
+        let header = Header::new(FrameKind::Data, 0, seq, buf.len() as u64);
+        self.on_frame_inner(header, Some(buf), Some(imm))
+    }
+
+    fn on_frame_inner(&self, header: Header, payload: Option<Buf>, imm: Option<u32>) -> Result<(), ConnError> {
         let mut st = self.shared.lock();
         if let Err(e) = st.credits.on_receive(&header) {
             drop(st);
@@ -115,7 +136,7 @@ impl Driver {
                 if st.receiver_gone {
                     drop(buf);
                     let _ = st.credits.release();
-                } else if self.shared.delivered_tx.try_send(Delivery::Msg(buf)).is_err() {
+                } else if self.shared.delivered_tx.try_send(Delivery::Msg(buf, imm)).is_err() {
                     // Credits make this impossible; a full queue means the
                     // peer overran its window.
                     drop(st);

@@ -70,16 +70,29 @@ impl Link {
 
     /// Send `buf`, waiting for credit until `deadline` (`None`: forever).
     pub fn send(&self, buf: Buf, deadline: Option<Instant>) -> Result<(), SendError<Buf>> {
-        self.send_inner(buf, Some(deadline))
+        self.send_inner(buf, Some(deadline), 0)
     }
 
     /// Send `buf` if credit is available now; [`SendError::Full`] otherwise.
     pub fn try_send(&self, buf: Buf) -> Result<(), SendError<Buf>> {
-        self.send_inner(buf, None)
+        self.send_inner(buf, None, 0)
+    }
+
+    /// Send `buf` as a data frame the backend carries in its own way, told
+    /// by `tag` (see [`crate::Frame::tag`]), under the same credits and
+    /// ordering as [`Link::send`]. The frame returns no credits: it may
+    /// have no header on the wire.
+    pub fn send_tagged(
+        &self,
+        buf: Buf,
+        tag: std::num::NonZeroU32,
+        deadline: Option<Instant>,
+    ) -> Result<(), SendError<Buf>> {
+        self.send_inner(buf, Some(deadline), tag.get())
     }
 
     /// `wait`: `None` for try_send, `Some(deadline)` to block.
-    fn send_inner(&self, buf: Buf, wait: Option<Option<Instant>>) -> Result<(), SendError<Buf>> {
+    fn send_inner(&self, buf: Buf, wait: Option<Option<Instant>>, tag: u32) -> Result<(), SendError<Buf>> {
         if buf.len() > self.shared.max_message {
             let max = self.shared.max_message as u64;
             let err = ConnError::TooLarge { len: buf.len() as u64, max };
@@ -115,10 +128,10 @@ impl Link {
                 },
             }
         };
-        match self.shared.tx.try_send(Outgoing::Data(buf, reservation)) {
+        match self.shared.tx.try_send(Outgoing::Data(buf, reservation, tag)) {
             Ok(()) => Ok(()),
-            Err(TrySendError::Full(Outgoing::Data(buf, r)))
-            | Err(TrySendError::Disconnected(Outgoing::Data(buf, r))) => {
+            Err(TrySendError::Full(Outgoing::Data(buf, r, _)))
+            | Err(TrySendError::Disconnected(Outgoing::Data(buf, r, _))) => {
                 // The writer is gone (or, impossibly, its queue is full):
                 // give the credit back and the buffer to the caller.
                 st.credits.cancel(r);
@@ -159,7 +172,7 @@ impl Link {
 
     fn deliver(&self, d: Delivery) -> Result<RecvBuf, RecvError> {
         match d {
-            Delivery::Msg(buf) => Ok(RecvBuf::new(buf, self.shared.clone())),
+            Delivery::Msg(buf, imm) => Ok(RecvBuf::with_immediate(buf, self.shared.clone(), imm)),
             Delivery::End => {
                 // Put it back for any other receiver, then report why.
                 let _ = self.shared.delivered_tx.try_send(Delivery::End);
@@ -188,7 +201,7 @@ impl Link {
         self.shared.lock().receiver_gone = true;
         while let Ok(d) = self.shared.delivered_rx.try_recv() {
             match d {
-                Delivery::Msg(buf) => drop(RecvBuf::new(buf, self.shared.clone())),
+                Delivery::Msg(buf, _) => drop(RecvBuf::new(buf, self.shared.clone())),
                 Delivery::End => {
                     let _ = self.shared.delivered_tx.try_send(Delivery::End);
                     break;

@@ -15,11 +15,23 @@ use crate::shared::Shared;
 pub struct RecvBuf {
     buf: Option<Buf>,
     shared: Arc<Shared>,
+    immediate: Option<u32>,
 }
 
 impl RecvBuf {
     pub(crate) fn new(buf: Buf, shared: Arc<Shared>) -> Self {
-        Self { buf: Some(buf), shared }
+        Self { buf: Some(buf), shared, immediate: None }
+    }
+
+    pub(crate) fn with_immediate(buf: Buf, shared: Arc<Shared>, immediate: Option<u32>) -> Self {
+        Self { buf: Some(buf), shared, immediate }
+    }
+
+    /// The immediate value, if this message is the notification of an RDMA
+    /// WRITE with immediate (its payload is then empty: the data went
+    /// straight to the written region, and is visible there now).
+    pub fn immediate(&self) -> Option<u32> {
+        self.immediate
     }
 
     /// The underlying pool buffer (for its registration keys and address).

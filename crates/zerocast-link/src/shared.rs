@@ -11,8 +11,9 @@ use crate::LinkSetup;
 /// A work item for the backend's writer.
 #[derive(Debug)]
 pub(crate) enum Outgoing {
-    /// A data frame whose credit is already reserved.
-    Data(Buf, zerocast_core::Reservation),
+    /// A data frame whose credit is already reserved, with its backend tag
+    /// (0: a plain send; see [`crate::Frame::tag`]).
+    Data(Buf, zerocast_core::Reservation, u32),
     /// Credits are owed or state changed: look again.
     Wake,
 }
@@ -20,7 +21,8 @@ pub(crate) enum Outgoing {
 /// A delivery to the application.
 #[derive(Debug)]
 pub(crate) enum Delivery {
-    Msg(Buf),
+    /// A message, with the immediate value it came with, if any.
+    Msg(Buf, Option<u32>),
     /// No more messages will come. Re-queued by whoever takes it, so every
     /// receiver sees it.
     End,

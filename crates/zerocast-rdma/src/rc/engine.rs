@@ -20,6 +20,7 @@ use zerocast_link::{Driver, Frame, Reposts};
 use zerocast_mem::{Buf, Pool, Wait};
 
 use crate::rc::one_sided::{self, ONE_SIDED_BIT};
+use crate::rc::rendezvous::{self, Arrival, Descriptor, Rendezvous, DESC_LEN, FINISH_WR_ID, READ_WR_ID};
 use crate::rc::RcError;
 use crate::verbs::{CompletionQueue, HeaderSlab, QueuePair};
 
@@ -83,8 +84,12 @@ const SIGNAL_EVERY: u64 = 16;
 pub(crate) struct Io {
     qp: QueuePair,
     cq: Arc<CompletionQueue>,
+    /// Large messages in both directions (see `rendezvous`).
+    rendezvous: Rendezvous,
     recv_hdr: HeaderSlab,
     send_hdr: HeaderSlab,
+    /// Per send slot: the descriptor a rendezvous frame carries.
+    send_desc: HeaderSlab,
     recv: Mutex<RecvTable>,
     send: Mutex<SendTable>,
     send_cv: Condvar,
@@ -111,9 +116,18 @@ pub(crate) struct Sizes {
     pub(crate) buf_size: usize,
 }
 
+impl Sizes {
+    /// Receives posted per connection: the credit window, plus those kept
+    /// for rendezvous finishes.
+    pub(crate) fn posted_receives(&self) -> usize {
+        self.recv_window + rendezvous::MAX_PENDING
+    }
+}
+
 impl Io {
     /// Wrap a fresh QP (at least in INIT) and pre-post `recv_window`
-    /// receives, before connecting.
+    /// receives, plus [`rendezvous::MAX_PENDING`] for rendezvous finishes,
+    /// before connecting.
     pub(crate) fn new(
         qp: QueuePair,
         cq: Arc<CompletionQueue>,
@@ -123,16 +137,21 @@ impl Io {
         ignore_credits: bool,
     ) -> Result<Arc<Self>, RcError> {
         let reg = |e: zerocast_mem::RegisterError| RcError::Config(format!("registering header slots: {e}"));
-        let recv_hdr = HeaderSlab::new(qp.pd(), sizes.recv_window).map_err(reg)?;
+        let posted = sizes.posted_receives();
+        let recv_hdr = HeaderSlab::new(qp.pd(), posted).map_err(reg)?;
         let send_hdr = HeaderSlab::new(qp.pd(), sizes.send_depth).map_err(reg)?;
+        let send_desc = HeaderSlab::new(qp.pd(), sizes.send_depth).map_err(reg)?;
+        let rendezvous = Rendezvous::new(HeaderSlab::new(qp.pd(), 1).map_err(reg)?, posted);
         let io = Arc::new(Self {
             qp,
             cq,
+            rendezvous,
             recv_hdr,
             send_hdr,
+            send_desc,
             recv: Mutex::new(RecvTable {
-                slots: (0..sizes.recv_window).map(|_| None).collect(),
-                free: (0..sizes.recv_window as u32).rev().collect(),
+                slots: (0..posted).map(|_| None).collect(),
+                free: (0..posted as u32).rev().collect(),
                 posted: 0,
                 closing: false,
             }),
@@ -150,7 +169,7 @@ impl Io {
             peer_disconnected: AtomicBool::new(false),
             closing: AtomicBool::new(false),
         });
-        for _ in 0..sizes.recv_window {
+        for _ in 0..posted {
             let buf = io.fresh_buf()?;
             let mut t = lock(&io.recv);
             io.post_recv_locked(&mut t, buf)?;
@@ -164,6 +183,14 @@ impl Io {
 
     pub(crate) fn one_sided(&self) -> &one_sided::Table {
         &self.one_sided
+    }
+
+    pub(crate) fn rendezvous(&self) -> &Rendezvous {
+        &self.rendezvous
+    }
+
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
     }
 
     fn fresh_buf(&self) -> Result<Buf, RcError> {
@@ -211,10 +238,12 @@ impl Io {
     }
 
     /// Repost a released buffer (or a fresh one) and return its credit.
+    /// A rendezvous message's buffer is of another size: it goes back to
+    /// the pool, and a receive buffer takes its place.
     fn repost(&self, driver: &Driver, buf: Option<Buf>) -> Result<(), RcError> {
         let buf = match buf {
-            Some(b) => b,
-            None => self.fresh_buf()?,
+            Some(b) if b.capacity() == self.buf_size => b,
+            _ => self.fresh_buf()?,
         };
         {
             let mut t = lock(&self.recv);
@@ -250,6 +279,7 @@ impl Io {
         }
         self.send_cv.notify_all();
         self.one_sided.wake();
+        self.rendezvous.wake();
     }
 
     pub(crate) fn is_closing(&self) -> bool {
@@ -265,7 +295,10 @@ impl Io {
             let r = lock(&self.recv);
             r.closing && r.posted == 0
         };
-        recv_done && lock(&self.send).outstanding() == 0 && self.one_sided.outstanding() == 0
+        recv_done
+            && lock(&self.send).outstanding() == 0
+            && self.one_sided.outstanding() == 0
+            && self.rendezvous.is_idle()
     }
 }
 
@@ -306,10 +339,36 @@ fn sender(io: &Io, driver: &Driver, max_batch: usize) {
     let mut sges: Vec<[ibv_sge; 2]> = Vec::with_capacity(max_batch);
     let mut slots: Vec<u64> = Vec::with_capacity(max_batch);
     let mut inline: Vec<bool> = Vec::with_capacity(max_batch);
-    while driver.next_batch(&mut batch) {
-        if let Err(e) = post_batch(io, &mut batch, &mut wrs, &mut sges, &mut slots, &mut inline) {
-            driver.fail(ConnError::transport(e));
-            break;
+    let mut part: Vec<Frame> = Vec::with_capacity(max_batch);
+    'outer: while driver.next_batch(&mut batch) {
+        // Post in parts, each with no more rendezvous than may be started.
+        while !batch.is_empty() {
+            let large = |f: &Frame| f.payload.as_ref().is_some_and(|b| io.rendezvous.is_large(b.len()));
+            let mut free = 0;
+            if batch.iter().any(large) {
+                match io.rendezvous.wait_free(|| io.is_closing()) {
+                    Some(n) => free = n,
+                    None => {
+                        batch.clear();
+                        break;
+                    }
+                }
+            }
+            let mut n = 0;
+            for f in batch.iter() {
+                if large(f) {
+                    if free == 0 {
+                        break;
+                    }
+                    free -= 1;
+                }
+                n += 1;
+            }
+            part.extend(batch.drain(..n));
+            if let Err(e) = post_batch(io, &mut part, &mut wrs, &mut sges, &mut slots, &mut inline) {
+                driver.fail(ConnError::transport(e));
+                break 'outer;
+            }
         }
         // Our goodbye went out after the peer's arrived: nothing will wake
         // `next_batch` again, so stop here.
@@ -318,10 +377,16 @@ fn sender(io: &Io, driver: &Driver, max_batch: usize) {
         }
     }
     batch.clear();
-    // Let our last sends (the goodbye) be acknowledged before disconnecting.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    part.clear();
+    // Let our last sends (the goodbye) be acknowledged, and the peer read
+    // our rendezvous payloads, before disconnecting. A peer that fails
+    // meanwhile closes the connection, which ends the wait.
+    let deadline = Instant::now() + Duration::from_secs(30);
     let mut t = lock(&io.send);
-    while t.outstanding() > 0 && !io.is_closing() && Instant::now() < deadline {
+    while (t.outstanding() > 0 || io.rendezvous.has_outbound())
+        && !io.is_closing()
+        && Instant::now() < deadline
+    {
         t = io
             .send_cv
             .wait_timeout(t, Duration::from_millis(20))
@@ -376,11 +441,23 @@ fn post_batch(
         let seq = slots[i];
         let slot = (seq % ring) as usize;
         let len = frame.payload.as_ref().map_or(0, |b| b.len());
-        inline.push(HEADER_LEN + len <= max_inline);
-        io.send_hdr.write(slot, &frame.header.encode());
+        let large = io.rendezvous.is_large(len);
+        inline.push(HEADER_LEN + if large { DESC_LEN } else { len } <= max_inline);
+        let header = match &frame.payload {
+            Some(b) if large => {
+                io.send_desc.write(slot, &Descriptor::of(b).encode());
+                let h = &frame.header;
+                Header::new(FrameKind::Rendezvous, h.credits, h.seq, DESC_LEN as u64)
+            }
+            _ => frame.header,
+        };
+        io.send_hdr.write(slot, &header.encode());
         let hdr =
             ibv_sge { addr: io.send_hdr.addr(slot), length: HEADER_LEN as u32, lkey: io.send_hdr.lkey() };
         let (payload, num) = match &frame.payload {
+            _ if large => {
+                (ibv_sge { addr: io.send_desc.addr(slot), length: DESC_LEN as u32, lkey: io.send_desc.lkey() }, 2)
+            }
             Some(b) if !b.is_empty() => {
                 (ibv_sge { addr: b.addr(), length: b.len() as u32, lkey: b.keys().lkey }, 2)
             }
@@ -405,12 +482,18 @@ fn post_batch(
         wrs[i].next = if i + 1 < n { &mut wrs[i + 1] as *mut ibv_send_wr } else { ptr::null_mut() };
     }
     // Buffers move into the in-flight table before the post, so a fast
-    // completion always finds them.
+    // completion always finds them; a rendezvous payload waits for the
+    // peer's finish instead, in post order.
     {
         let mut t = lock(&io.send);
         for (frame, &seq) in batch.drain(..).zip(slots.iter()) {
-            let i = t.slot(seq);
-            t.slots[i] = frame.payload;
+            match frame.payload {
+                Some(b) if io.rendezvous.is_large(b.len()) => io.rendezvous.push_outbound(b),
+                payload => {
+                    let i = t.slot(seq);
+                    t.slots[i] = payload;
+                }
+            }
         }
     }
     if n == 0 {
@@ -443,6 +526,13 @@ fn post_batch(
 }
 
 fn poller(io: &Io, driver: &Driver) {
+    poll_until_drained(io, driver);
+    // The QP is in the error state and flushed: no READ can reach a
+    // buffer held for rendezvous any more.
+    io.rendezvous.clear();
+}
+
+fn poll_until_drained(io: &Io, driver: &Driver) {
     let mut wcs: [MaybeUninit<ibv_wc>; POLL_BATCH] = std::array::from_fn(|_| MaybeUninit::uninit());
     let mut idle_since: Option<Instant> = None;
     let mut armed = false;
@@ -539,6 +629,19 @@ fn on_completion(io: &Io, driver: &Driver, wc: &ibv_wc) {
         if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
             on_error(io, driver, wc.status, wc.vendor_err);
         }
+    } else if wc.wr_id == READ_WR_ID {
+        if let Err(e) = rendezvous::on_read_done(io, driver, wc.status, wc.vendor_err) {
+            if wc.status == ibv_wc_status::IBV_WC_SUCCESS {
+                driver.fail(e);
+                io.close();
+            } else {
+                on_error(io, driver, wc.status, wc.vendor_err);
+            }
+        }
+    } else if wc.wr_id == FINISH_WR_ID {
+        if rendezvous::on_finish_sent(io, wc.status, wc.vendor_err).is_err() {
+            on_error(io, driver, wc.status, wc.vendor_err);
+        }
     } else {
         lock(&io.send).complete_through(wc.wr_id);
         io.send_cv.notify_all();
@@ -560,21 +663,37 @@ fn on_receive(
         let msg = format!("{byte_len} bytes received for a frame of {} payload bytes", header.len);
         return Err(ConnError::transport(RcError::BadFrame(msg)));
     }
+    let repost_now = |buf: Buf| -> Result<(), ConnError> {
+        let mut t = lock(&io.recv);
+        if !t.closing {
+            io.post_recv_locked(&mut t, buf).map_err(ConnError::transport)?;
+        }
+        Ok(())
+    };
     match header.kind {
-        FrameKind::Data | FrameKind::Rendezvous => {
+        FrameKind::Data => {
             buf.try_set_len(header.len as usize).map_err(ConnError::transport)?;
-            driver.on_frame(header, Some(buf))
+            rendezvous::arrive(io, driver, Arrival::Frame(header, Some(buf)))
+        }
+        FrameKind::Rendezvous if header.len == 0 => {
+            // A finish: outside the credit window, its receive is one of
+            // those kept for finishes and goes back at once.
+            repost_now(buf)?;
+            io.rendezvous.on_finish().map_err(ConnError::transport)
+        }
+        FrameKind::Rendezvous => {
+            buf.try_set_len(header.len as usize).map_err(ConnError::transport)?;
+            let d = Descriptor::decode(&buf, driver.max_payload()).map_err(ConnError::transport)?;
+            // The message will arrive in a buffer of its own; this one goes
+            // back to the pool, and its release reposts a fresh one.
+            drop(buf);
+            rendezvous::arrive(io, driver, Arrival::Request(header, d))
         }
         FrameKind::Credit | FrameKind::Control => {
             // The buffer carried nothing: post it again at once (the core
             // counts the credit as owed already).
-            {
-                let mut t = lock(&io.recv);
-                if !t.closing {
-                    io.post_recv_locked(&mut t, buf).map_err(ConnError::transport)?;
-                }
-            }
-            driver.on_frame(header, None)
+            repost_now(buf)?;
+            rendezvous::arrive(io, driver, Arrival::Frame(header, None))
         }
     }
 }

@@ -20,6 +20,7 @@ mod cm_path;
 mod engine;
 mod error;
 mod one_sided;
+mod rendezvous;
 mod oob;
 
 use std::fmt;
@@ -75,6 +76,10 @@ pub struct RcConfig {
     pub gid_index: Option<u8>,
     /// Send queue depth (signalled sends in flight).
     pub send_depth: u32,
+    /// Size of the posted receive buffers. Larger messages, up to
+    /// `link.max_payload`, go by rendezvous: the receiver RDMA-READs them
+    /// straight from the sender's buffer.
+    pub eager_limit: usize,
     /// Frames up to this size (16-byte header included) are sent inline:
     /// copied at post time, their buffer back in the pool at once. 0
     /// disables; the device may grant less.
@@ -106,6 +111,7 @@ impl Default for RcConfig {
             device: std::env::var("ZEROCAST_RDMA_DEV").ok().filter(|s| !s.is_empty()),
             gid_index: None,
             send_depth: 128,
+            eager_limit: 64 << 10,
             max_inline: 256,
             rnr_retry: 7,
             retry_cnt: 7,
@@ -144,6 +150,12 @@ impl RcConfig {
         self
     }
 
+    /// Set the size of the receive buffers; larger messages go by rendezvous.
+    pub fn with_eager_limit(mut self, bytes: usize) -> Self {
+        self.eager_limit = bytes;
+        self
+    }
+
     /// Set the device.
     pub fn with_device(mut self, name: Option<String>) -> Self {
         self.device = name;
@@ -167,6 +179,9 @@ impl RcConfig {
         if self.min_rnr_timer > 31 {
             return Err(RcError::Config("min_rnr_timer must be within 0..=31".into()));
         }
+        if self.eager_limit < 64 {
+            return Err(RcError::Config(format!("eager_limit {} must be at least 64 bytes", self.eager_limit)));
+        }
         if !(4..=16_384).contains(&self.send_depth) {
             return Err(RcError::Config(format!("send_depth {} must be within 4..=16384", self.send_depth)));
         }
@@ -174,12 +189,19 @@ impl RcConfig {
     }
 }
 
-/// A pool configuration whose classes reach `link.max_payload`.
-pub fn pool_config_for(base: &PoolConfig, link: &LinkConfig) -> PoolConfig {
+/// A pool configuration whose classes reach `link.max_payload`, with a
+/// class of exactly the receive-buffer size (`eager_limit`, or the payload
+/// limit if smaller).
+pub fn pool_config_for(base: &PoolConfig, link: &LinkConfig, eager_limit: usize) -> PoolConfig {
     let mut pc = base.clone();
     let max = link.max_payload as usize;
-    pc.classes.retain(|&c| c < max);
+    let eager = eager_limit.min(max);
+    pc.classes.retain(|&c| c < max && c != eager);
     pc.classes.push(max);
+    if eager < max {
+        pc.classes.push(eager);
+    }
+    pc.classes.sort_unstable();
     pc
 }
 
@@ -216,7 +238,7 @@ impl RcTransport {
         let device = open_cm_device(cfg.device.as_deref()).map_err(transport_err)?;
         let pd = device.alloc_pd().map_err(transport_err)?;
         let registrar = Arc::new(VerbsRegistrar::new(pd.clone()));
-        let pool = Pool::new(pool_config_for(&pool, &cfg.link), registrar).map_err(transport_err)?;
+        let pool = Pool::new(pool_config_for(&pool, &cfg.link, cfg.eager_limit), registrar).map_err(transport_err)?;
         if let Ok(port) = device.port_attr() {
             let attr = device.context().attr();
             tracing::debug!(
@@ -271,9 +293,12 @@ impl RcTransport {
     }
 
     fn sizes(&self, link: &LinkConfig) -> Result<Sizes, RcError> {
-        let buf_size = self.inner.pool.class_for(link.max_payload as usize).ok_or_else(|| {
-            RcError::Config(format!("the pool has no buffer class of {} bytes", link.max_payload))
-        })?;
+        let eager = (link.max_payload as usize).min(self.inner.cfg.eager_limit);
+        let buf_size = self
+            .inner
+            .pool
+            .class_for(eager)
+            .ok_or_else(|| RcError::Config(format!("the pool has no buffer class of {eager} bytes")))?;
         let max_wr = self.inner.device.context().attr().max_qp_wr.max(1) as usize;
         Ok(Sizes {
             recv_window: link.recv_window as usize,
@@ -284,7 +309,11 @@ impl RcTransport {
 
     fn cq(&self, sizes: &Sizes) -> Result<Arc<CompletionQueue>, RcError> {
         // Every slot of both tables is at most one completion: no overrun.
-        let depth = sizes.recv_window + sizes.send_depth + one_sided::ONE_SIDED_SLOTS + 1;
+        let depth = sizes.posted_receives()
+            + sizes.send_depth
+            + one_sided::ONE_SIDED_SLOTS
+            + rendezvous::SQ_EXTRA
+            + 1;
         let channel = self.inner.cfg.completion == CompletionMode::Channel;
         CompletionQueue::new(self.inner.pd.context(), depth, channel)
             .map_err(|e| RcError::verbs("ibv_create_cq", e))
@@ -292,9 +321,9 @@ impl RcTransport {
 
     fn caps(&self, sizes: &Sizes) -> QpCaps {
         QpCaps {
-            // The send table's ring, plus the one-sided slots.
-            send_wr: (sizes.send_depth + one_sided::ONE_SIDED_SLOTS) as u32,
-            recv_wr: sizes.recv_window as u32,
+            // The send table's ring, the one-sided slots, rendezvous.
+            send_wr: (sizes.send_depth + one_sided::ONE_SIDED_SLOTS + rendezvous::SQ_EXTRA) as u32,
+            recv_wr: sizes.posted_receives() as u32,
             max_inline: self.inner.cfg.max_inline,
         }
     }
@@ -325,14 +354,11 @@ impl RcTransport {
         peer: Endpoint,
     ) -> Result<RcConnection, ConnectError> {
         let handshake = |source: ConnError| ConnectError::Handshake { endpoint: peer.to_string(), source };
-        let max_message = link.max_payload.min(peer_hello.max_payload);
-        if u64::from(peer_hello.recv_buf_size) < max_message {
-            let msg = format!(
-                "peer receive buffers hold {} bytes, less than the {max_message}-byte message limit",
-                peer_hello.recv_buf_size
-            );
+        if (peer_hello.recv_buf_size as usize) < rendezvous::DESC_LEN {
+            let msg = format!("peer receive buffers of {} bytes are too small", peer_hello.recv_buf_size);
             return Err(handshake(ConnError::transport(RcError::Config(msg))));
         }
+        io.rendezvous().set_peer_eager(peer_hello.recv_buf_size as usize);
         let setup = LinkSetup {
             config: link,
             peer_hello,
@@ -439,8 +465,14 @@ mod tests {
     #[test]
     fn pool_classes_reach_max_payload() {
         let link = LinkConfig::default().with_max_payload(100_000);
-        let pc = pool_config_for(&PoolConfig::default(), &link);
+        let pc = pool_config_for(&PoolConfig::default(), &link, 4096);
+        assert_eq!(pc.classes.last(), Some(&100_000));
+        assert!(pc.classes.contains(&4096), "{:?}", pc.classes);
+        assert!(pc.classes.windows(2).all(|w| w[0] < w[1]));
+        // An eager limit above the payload limit: receive buffers hold the largest message.
+        let pc = pool_config_for(&PoolConfig::default(), &link, 1 << 20);
         assert_eq!(pc.classes.last(), Some(&100_000));
         assert!(pc.classes.windows(2).all(|w| w[0] < w[1]));
+        assert!(RcConfig::default().with_eager_limit(16).validate().is_err());
     }
 }

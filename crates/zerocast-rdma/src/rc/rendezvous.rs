@@ -1,0 +1,342 @@
+//! Large messages by rendezvous: the receiver reads them, nothing is copied.
+//!
+//! A data frame whose payload is larger than the peer's receive buffers
+//! (its `Hello::recv_buf_size`) is not sent. The sender instead:
+//!
+//! 1. keeps the payload's pool buffer in its outbound queue, oldest first;
+//! 2. sends a `Rendezvous` frame whose 16-byte payload is a [`Descriptor`]
+//!    (address, rkey and length of that buffer). The frame carries the data
+//!    frame's sequence number and returned credits, and consumes its credit.
+//!
+//! The receiver, in frame order:
+//!
+//! 3. allocates a pool buffer of the announced length and RDMA-READs the
+//!    payload into it. Frames arriving meanwhile wait behind it, so messages
+//!    are delivered in order;
+//! 4. sends a `Rendezvous` frame with no payload: the *finish*;
+//! 5. delivers the read buffer as the data frame. Its release reposts a
+//!    receive buffer and returns the credit, as for any message.
+//!
+//! On the finish, the sender drops the oldest buffer of its outbound queue:
+//! a READ never races the buffer's reuse.
+//!
+//! Finishes are outside the credit window and need no credit. A side has at
+//! most [`MAX_PENDING`] rendezvous unfinished (its sender waits for a
+//! finish beyond that), and every side posts [`MAX_PENDING`] receives beyond
+//! its credit window, reposted as soon as a finish lands in one. So a
+//! finish always finds a receive. A peer that sends more rendezvous than
+//! that is a protocol error.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rdma_sys::{ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc_status, ibv_wr_opcode};
+use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
+use zerocast_link::Driver;
+use zerocast_mem::{Buf, Wait};
+
+use crate::rc::engine::Io;
+use crate::rc::RcError;
+use crate::verbs::HeaderSlab;
+
+/// `wr_id` of the RDMA READ of a rendezvous payload.
+pub(crate) const READ_WR_ID: u64 = 1 << 61;
+/// `wr_id` of a finish send.
+pub(crate) const FINISH_WR_ID: u64 = 1 << 60;
+/// Rendezvous a side may have unfinished, and receives each side posts
+/// beyond its credit window for their finishes.
+pub(crate) const MAX_PENDING: usize = 8;
+/// Finish sends one side may have in flight. Twice [`MAX_PENDING`]: a
+/// finish's send completion may be polled after the peer, having received
+/// it, already sent the next rendezvous.
+const MAX_FINISHES: usize = 2 * MAX_PENDING;
+/// Send-queue (and CQ) entries rendezvous adds to a connection: one READ
+/// at a time, plus the finishes.
+pub(crate) const SQ_EXTRA: usize = 1 + MAX_FINISHES;
+/// Length of a [`Descriptor`] on the wire.
+pub(crate) const DESC_LEN: usize = 16;
+/// How long the completion thread waits for a pool buffer to read into.
+const ALLOC_WAIT: Duration = Duration::from_secs(5);
+
+/// Where a rendezvous payload waits to be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Descriptor {
+    pub(crate) addr: u64,
+    pub(crate) rkey: u32,
+    pub(crate) len: u32,
+}
+
+impl Descriptor {
+    pub(crate) fn of(buf: &Buf) -> Self {
+        // A payload fits in u32: the link caps messages at `LinkConfig`'s
+        // `max_payload`, which is at most `u32::MAX`.
+        Self { addr: buf.addr(), rkey: buf.keys().rkey, len: buf.len() as u32 }
+    }
+
+    pub(crate) fn encode(&self) -> [u8; DESC_LEN] {
+        let mut b = [0u8; DESC_LEN];
+        b[..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..12].copy_from_slice(&self.rkey.to_le_bytes());
+        b[12..].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Decode and check against this side's message limit.
+    pub(crate) fn decode(b: &[u8], max_payload: u64) -> Result<Self, RcError> {
+        let b: &[u8; DESC_LEN] = b.try_into().map_err(|_| {
+            RcError::BadFrame(format!("rendezvous descriptor of {} bytes, not {DESC_LEN}", b.len()))
+        })?;
+        let word = |r: std::ops::Range<usize>| b[r].iter().rev().fold(0u64, |acc, &x| acc << 8 | u64::from(x));
+        let d = Self { addr: word(0..8), rkey: word(8..12) as u32, len: word(12..16) as u32 };
+        if d.len == 0 || u64::from(d.len) > max_payload {
+            return Err(RcError::BadFrame(format!(
+                "rendezvous of {} bytes; this side accepts 1..={max_payload}",
+                d.len
+            )));
+        }
+        Ok(d)
+    }
+}
+
+/// A received frame, in sequence order, on its way to the link.
+#[derive(Debug)]
+pub(crate) enum Arrival {
+    /// A frame to hand over as it is (data with its buffer, or credit/control).
+    Frame(Header, Option<Buf>),
+    /// A rendezvous request: read the payload first.
+    Request(Header, Descriptor),
+}
+
+#[derive(Debug)]
+struct Inbound {
+    /// The request being read, and the buffer it is read into.
+    active: Option<(Header, Buf)>,
+    /// Frames that arrived behind it.
+    held: VecDeque<Arrival>,
+    /// Finish sends posted and not yet completed.
+    finishes: usize,
+}
+
+/// A connection's rendezvous state, both directions.
+#[derive(Debug)]
+pub(crate) struct Rendezvous {
+    /// Our payloads the peer reads, oldest first.
+    outbound: Mutex<VecDeque<Buf>>,
+    outbound_cv: Condvar,
+    inbound: Mutex<Inbound>,
+    /// The peer's receive-buffer size: larger payloads go by rendezvous.
+    /// `usize::MAX` until the handshake is done.
+    peer_eager: AtomicUsize,
+    /// The finish frame, written once (every finish is the same 16 bytes).
+    finish: HeaderSlab,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Rendezvous {
+    pub(crate) fn new(finish: HeaderSlab, held_capacity: usize) -> Self {
+        finish.write(0, &Header::new(FrameKind::Rendezvous, 0, 0, 0).encode());
+        Self {
+            outbound: Mutex::new(VecDeque::with_capacity(MAX_PENDING)),
+            outbound_cv: Condvar::new(),
+            inbound: Mutex::new(Inbound {
+                active: None,
+                held: VecDeque::with_capacity(held_capacity),
+                finishes: 0,
+            }),
+            peer_eager: AtomicUsize::new(usize::MAX),
+            finish,
+        }
+    }
+
+    /// The handshake told us the peer's receive-buffer size.
+    pub(crate) fn set_peer_eager(&self, bytes: usize) {
+        self.peer_eager.store(bytes, Ordering::Release);
+    }
+
+    /// Whether a payload of `len` bytes goes by rendezvous.
+    pub(crate) fn is_large(&self, len: usize) -> bool {
+        len > self.peer_eager.load(Ordering::Acquire)
+    }
+
+    /// Wait until a rendezvous may be started; how many may. `None` once
+    /// the connection is closing.
+    pub(crate) fn wait_free(&self, closing: impl Fn() -> bool) -> Option<usize> {
+        let mut q = lock(&self.outbound);
+        loop {
+            if closing() {
+                return None;
+            }
+            if q.len() < MAX_PENDING {
+                return Some(MAX_PENDING - q.len());
+            }
+            q = self
+                .outbound_cv
+                .wait_timeout(q, Duration::from_millis(20))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+
+    /// Keep `buf` until the peer's finish for it (called in post order).
+    pub(crate) fn push_outbound(&self, buf: Buf) {
+        lock(&self.outbound).push_back(buf);
+    }
+
+    /// The peer finished reading our oldest payload: release it.
+    pub(crate) fn on_finish(&self) -> Result<(), RcError> {
+        let buf = lock(&self.outbound).pop_front();
+        self.outbound_cv.notify_all();
+        match buf {
+            Some(b) => {
+                drop(b);
+                Ok(())
+            }
+            None => Err(RcError::BadFrame("rendezvous finish with no rendezvous pending".into())),
+        }
+    }
+
+    /// Whether the peer still has payloads of ours to read.
+    pub(crate) fn has_outbound(&self) -> bool {
+        !lock(&self.outbound).is_empty()
+    }
+
+    /// Wake a sender waiting in [`Rendezvous::wait_free`] (closing).
+    pub(crate) fn wake(&self) {
+        self.outbound_cv.notify_all();
+    }
+
+    /// No READ or finish of ours is in the device's hands.
+    pub(crate) fn is_idle(&self) -> bool {
+        let st = lock(&self.inbound);
+        st.active.is_none() && st.finishes == 0
+    }
+
+    /// The connection is over: release every buffer held here.
+    pub(crate) fn clear(&self) {
+        lock(&self.outbound).clear();
+        let mut st = lock(&self.inbound);
+        st.active = None;
+        st.held.clear();
+        self.outbound_cv.notify_all();
+    }
+}
+
+/// Hand a received frame on in sequence order: at once, or behind a
+/// rendezvous being read.
+pub(crate) fn arrive(io: &Io, driver: &Driver, a: Arrival) -> Result<(), ConnError> {
+    let r = io.rendezvous();
+    let mut st = lock(&r.inbound);
+    if st.active.is_some() || !st.held.is_empty() {
+        st.held.push_back(a);
+        return Ok(());
+    }
+    process(io, driver, &mut st, a)
+}
+
+fn process(io: &Io, driver: &Driver, st: &mut Inbound, a: Arrival) -> Result<(), ConnError> {
+    match a {
+        Arrival::Frame(h, buf) => driver.on_frame(h, buf),
+        Arrival::Request(h, d) => start_read(io, st, h, d).map_err(ConnError::transport),
+    }
+}
+
+fn start_read(io: &Io, st: &mut Inbound, header: Header, d: Descriptor) -> Result<(), RcError> {
+    let len = d.len as usize;
+    let buf = io.pool().alloc(len, Wait::For(ALLOC_WAIT)).map_err(|e| {
+        RcError::Config(format!("no pool buffer of {len} bytes to read a rendezvous message into: {e}"))
+    })?;
+    let mut sge = ibv_sge { addr: buf.addr(), length: d.len, lkey: buf.keys().lkey };
+    // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).
+    let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+    wr.wr_id = READ_WR_ID;
+    wr.sg_list = &mut sge;
+    wr.num_sge = 1;
+    wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_READ;
+    wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+    wr.wr.rdma.remote_addr = d.addr;
+    wr.wr.rdma.rkey = d.rkey;
+    // SAFETY: the SGE covers `d.len` bytes of a registered pool buffer of
+    // this QP's PD; the buffer is kept in `st.active` until the READ's
+    // completion is polled (or the connection is over and the QP flushed);
+    // `sge` outlives the call, which copies the WR.
+    unsafe { io.qp().post_send(std::slice::from_mut(&mut wr)) }
+        .map_err(|(_, e)| RcError::verbs("ibv_post_send (rendezvous read)", e))?;
+    st.active = Some((Header::new(FrameKind::Data, header.credits, header.seq, u64::from(d.len)), buf));
+    Ok(())
+}
+
+/// The READ of the active rendezvous completed: finish it, deliver the
+/// message, then the frames that waited behind it.
+pub(crate) fn on_read_done(io: &Io, driver: &Driver, status: u32, vendor_err: u32) -> Result<(), ConnError> {
+    let r = io.rendezvous();
+    let mut st = lock(&r.inbound);
+    let Some((header, mut buf)) = st.active.take() else {
+        return Err(ConnError::transport(RcError::BadFrame("rendezvous read completion with none active".into())));
+    };
+    if status != ibv_wc_status::IBV_WC_SUCCESS {
+        return Err(ConnError::transport(RcError::from_wc_status(status, vendor_err)));
+    }
+    buf.try_set_len(header.len as usize).map_err(ConnError::transport)?;
+    // The finish goes before the delivery: its send is queued ahead of any
+    // credit this message's release returns, so the sender always has the
+    // finish before the credit.
+    post_finish(io, &r.finish, &mut st).map_err(ConnError::transport)?;
+    driver.on_frame(header, Some(buf))?;
+    while st.active.is_none() {
+        let Some(a) = st.held.pop_front() else { break };
+        process(io, driver, &mut st, a)?;
+    }
+    Ok(())
+}
+
+fn post_finish(io: &Io, slab: &HeaderSlab, st: &mut Inbound) -> Result<(), RcError> {
+    if st.finishes >= MAX_FINISHES {
+        return Err(RcError::BadFrame(format!(
+            "the peer has more than {MAX_PENDING} rendezvous unfinished, the protocol's limit"
+        )));
+    }
+    let mut sge = ibv_sge { addr: slab.addr(0), length: HEADER_LEN as u32, lkey: slab.lkey() };
+    // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).
+    let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+    wr.wr_id = FINISH_WR_ID;
+    wr.sg_list = &mut sge;
+    wr.num_sge = 1;
+    wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+    wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+    // SAFETY: the SGE is the registered finish slot, never written again
+    // and kept alive with the connection's `Io`; `sge` outlives the call.
+    unsafe { io.qp().post_send(std::slice::from_mut(&mut wr)) }
+        .map_err(|(_, e)| RcError::verbs("ibv_post_send (rendezvous finish)", e))?;
+    st.finishes += 1;
+    Ok(())
+}
+
+/// A finish send completed.
+pub(crate) fn on_finish_sent(io: &Io, status: u32, vendor_err: u32) -> Result<(), RcError> {
+    let mut st = lock(&io.rendezvous().inbound);
+    st.finishes = st.finishes.saturating_sub(1);
+    if status != ibv_wc_status::IBV_WC_SUCCESS {
+        return Err(RcError::from_wc_status(status, vendor_err));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_round_trip_and_limits() {
+        let d = Descriptor { addr: 0x1234_5678_9abc_def0, rkey: 0xdead_beef, len: 16 << 20 };
+        assert_eq!(Descriptor::decode(&d.encode(), 16 << 20).unwrap(), d);
+        assert!(matches!(Descriptor::decode(&d.encode(), (16 << 20) - 1), Err(RcError::BadFrame(_))));
+        let zero = Descriptor { len: 0, ..d };
+        assert!(matches!(Descriptor::decode(&zero.encode(), 1 << 30), Err(RcError::BadFrame(_))));
+        assert!(matches!(Descriptor::decode(&d.encode()[..15], 1 << 30), Err(RcError::BadFrame(_))));
+    }
+}

@@ -12,8 +12,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use zerocast::rdma::{OneSided, RcConnection, RcError, RemoteRegion};
-use zerocast::{Config, Connection, LinkConfig, Receiver, Sender, Zerocast};
+use zerocast::rdma::{OneSided, RcConfig, RcConnection, RcError, RemoteRegion};
+use zerocast::{Config, Connection, LinkConfig, Receiver, SendError, Sender, Zerocast};
 use zerocast_tests::Transport;
 
 /// The address rxe0 is bound to in the guest.
@@ -23,7 +23,11 @@ fn addr() -> String {
 
 fn transport(scheme: &str) -> Transport {
     let uri = Box::leak(format!("{scheme}://{}:0", addr()).into_boxed_str());
-    let cfg = Config::default().with_link(LinkConfig::default().with_recv_window(16));
+    // rnr_retry = 0: a WRITE with immediate consumes a receive at the peer,
+    // and credits must make sure one is there.
+    let cfg = Config::default()
+        .with_link(LinkConfig::default().with_recv_window(16))
+        .with_rc(RcConfig::default().with_rnr_retry(0));
     Transport { zc: Zerocast::with_config(cfg), listen_uri: uri }
 }
 
@@ -130,6 +134,61 @@ fn write_exposed(t: &Transport) {
     drop((local, small, exposed, client, server));
 }
 
+/// WRITEs with immediate, each followed by a plain message, many more than
+/// the credit window: the server sees, in order, each write's notification
+/// (its bytes already in place) and then the message. A write longer than
+/// the region is refused with the buffer handed back.
+fn write_with_immediate(t: &Transport) {
+    const CHUNK: usize = 256;
+    const N: usize = LEN / CHUNK;
+    let (client, server) = sides(t);
+    let mut exposed = server.conn.alloc(LEN).expect("alloc");
+    exposed.fill(0);
+    tell(&server, Msg::Region(rc(&server.conn).expose(&exposed)));
+    let Msg::Region(region) = hear(&client) else { panic!("expected a region") };
+    let conn = client.conn.clone();
+    let writer = thread::spawn(move || {
+        for k in 0..N {
+            let mut local = conn.alloc(CHUNK).expect("alloc");
+            for (i, b) in local.iter_mut().enumerate() {
+                *b = pattern(i, k as u8);
+            }
+            let at = RemoteRegion { addr: region.addr + (k * CHUNK) as u64, len: CHUNK as u64, ..region };
+            rc(&conn).write_with_imm(local, at, 0xA000_0000 | k as u32, None).expect("write with immediate");
+            let mut msg = conn.alloc(8).expect("alloc");
+            msg.copy_from_slice(&(k as u64).to_le_bytes());
+            conn.send(msg).expect("send");
+        }
+    });
+    for k in 0..N {
+        let note = server.conn.recv_timeout(TIMEOUT).expect("write notification");
+        assert_eq!((note.immediate(), note.len()), (Some(0xA000_0000 | k as u32), 0), "notification {k}");
+        let chunk = &exposed[k * CHUNK..(k + 1) * CHUNK];
+        assert!(chunk.iter().enumerate().all(|(i, &b)| b == pattern(i, k as u8)), "chunk {k} not in place");
+        drop(note);
+        let msg = server.conn.recv_timeout(TIMEOUT).expect("message");
+        assert_eq!((msg.immediate(), &msg[..]), (None, &(k as u64).to_le_bytes()[..]), "message {k}");
+        if k % 32 == 0 {
+            // A slow reader: the writer runs out of credit and waits.
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+    writer.join().expect("writer");
+    let mut long = client.conn.alloc(CHUNK + 1).expect("alloc");
+    long.fill(1);
+    let at = RemoteRegion { len: CHUNK as u64, ..region };
+    match rc(&client.conn).write_with_imm(long, at, 1, None) {
+        Err(SendError::Rejected(back, e)) => {
+            assert_eq!(back.len(), CHUNK + 1);
+            assert!(format!("{e:?}").contains("RemoteTooShort"), "{e:?}");
+        }
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+    tell(&client, Msg::Done);
+    assert!(matches!(hear(&server), Msg::Done));
+    drop((exposed, client, server));
+}
+
 /// More one-sided requests at once than the connection has slots: they
 /// wait for a slot, none is lost.
 fn many_concurrent_reads(t: &Transport) {
@@ -216,6 +275,12 @@ macro_rules! one_sided {
             #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
             fn write_exposed_region() {
                 run(write_exposed);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn write_with_immediate_in_order_under_credits() {
+                run(write_with_immediate);
             }
 
             #[test]

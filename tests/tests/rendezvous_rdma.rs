@@ -121,7 +121,7 @@ fn typed_16mib(scheme: &str) {
 fn many_small_rendezvous(scheme: &str) {
     let t = transport(scheme, 16, 4096);
     let (client, server) = t.pair();
-    let size = |seq: u64| if seq % 2 == 0 { 8192 } else { 64 };
+    let size = |seq: u64| if seq & 1 == 0 { 8192 } else { 64 };
     const N: u64 = 3000;
     let sender = thread::spawn(move || {
         for seq in 0..N {

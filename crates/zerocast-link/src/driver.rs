@@ -118,7 +118,12 @@ impl Driver {
         self.on_frame_inner(header, Some(buf), Some(imm))
     }
 
-    fn on_frame_inner(&self, header: Header, payload: Option<Buf>, imm: Option<u32>) -> Result<(), ConnError> {
+    fn on_frame_inner(
+        &self,
+        header: Header,
+        payload: Option<Buf>,
+        imm: Option<u32>,
+    ) -> Result<(), ConnError> {
         let mut st = self.shared.lock();
         if let Err(e) = st.credits.on_receive(&header) {
             drop(st);

@@ -14,13 +14,17 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdma_sys::{ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status, ibv_wr_opcode};
+use rdma_sys::{
+    ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_flags, ibv_wc_opcode, ibv_wc_status,
+    ibv_wr_opcode,
+};
 use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
 use zerocast_link::{Driver, Frame, Reposts};
 use zerocast_mem::{Buf, Pool, Wait};
 
 use crate::rc::one_sided::{self, ONE_SIDED_BIT};
 use crate::rc::rendezvous::{self, Arrival, Descriptor, Rendezvous, DESC_LEN, FINISH_WR_ID, READ_WR_ID};
+use crate::rc::write_imm::ImmOps;
 use crate::rc::RcError;
 use crate::verbs::{CompletionQueue, HeaderSlab, QueuePair};
 
@@ -95,6 +99,8 @@ pub(crate) struct Io {
     send_cv: Condvar,
     /// One-sided requests in flight (see `one_sided`).
     one_sided: one_sided::Table,
+    /// WRITEs with immediate queued on the link (see `write_imm`).
+    imm_ops: ImmOps,
     pool: Pool,
     buf_size: usize,
     busy_poll: bool,
@@ -162,6 +168,7 @@ impl Io {
             }),
             send_cv: Condvar::new(),
             one_sided: one_sided::Table::new(),
+            imm_ops: ImmOps::new(sizes.send_depth),
             pool,
             buf_size: sizes.buf_size,
             busy_poll,
@@ -183,6 +190,10 @@ impl Io {
 
     pub(crate) fn one_sided(&self) -> &one_sided::Table {
         &self.one_sided
+    }
+
+    pub(crate) fn imm_ops(&self) -> &ImmOps {
+        &self.imm_ops
     }
 
     pub(crate) fn rendezvous(&self) -> &Rendezvous {
@@ -343,7 +354,7 @@ fn sender(io: &Io, driver: &Driver, max_batch: usize) {
     'outer: while driver.next_batch(&mut batch) {
         // Post in parts, each with no more rendezvous than may be started.
         while !batch.is_empty() {
-            let large = |f: &Frame| f.payload.as_ref().is_some_and(|b| io.rendezvous.is_large(b.len()));
+            let large = |f: &Frame| by_rendezvous(io, f);
             let mut free = 0;
             if batch.iter().any(large) {
                 match io.rendezvous.wait_free(|| io.is_closing()) {
@@ -441,7 +452,19 @@ fn post_batch(
         let seq = slots[i];
         let slot = (seq % ring) as usize;
         let len = frame.payload.as_ref().map_or(0, |b| b.len());
-        let large = io.rendezvous.is_large(len);
+        let large = by_rendezvous(io, frame);
+        if frame.tag != 0 {
+            match io.imm_ops.take(frame.tag) {
+                Some(op) => {
+                    inline.push(len <= max_inline);
+                    wrs.push(write_imm_wr(seq, frame, op, sges, inline[i]));
+                    continue;
+                }
+                // Unreachable: every tag is taken once, here. Sent as a
+                // plain message rather than lost.
+                None => tracing::error!(tag = frame.tag, "write with immediate without its operation"),
+            }
+        }
         inline.push(HEADER_LEN + if large { DESC_LEN } else { len } <= max_inline);
         let header = match &frame.payload {
             Some(b) if large => {
@@ -455,9 +478,10 @@ fn post_batch(
         let hdr =
             ibv_sge { addr: io.send_hdr.addr(slot), length: HEADER_LEN as u32, lkey: io.send_hdr.lkey() };
         let (payload, num) = match &frame.payload {
-            _ if large => {
-                (ibv_sge { addr: io.send_desc.addr(slot), length: DESC_LEN as u32, lkey: io.send_desc.lkey() }, 2)
-            }
+            _ if large => (
+                ibv_sge { addr: io.send_desc.addr(slot), length: DESC_LEN as u32, lkey: io.send_desc.lkey() },
+                2,
+            ),
             Some(b) if !b.is_empty() => {
                 (ibv_sge { addr: b.addr(), length: b.len() as u32, lkey: b.keys().lkey }, 2)
             }
@@ -469,12 +493,7 @@ fn post_batch(
         wr.wr_id = seq;
         wr.num_sge = num;
         wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
-        if i + 1 == n || seq % SIGNAL_EVERY == SIGNAL_EVERY - 1 {
-            wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
-        }
-        if inline[i] {
-            wr.send_flags |= ibv_send_flags::IBV_SEND_INLINE.0;
-        }
+        wr.send_flags = send_flags(seq, i + 1 == n, inline[i]);
         wrs.push(wr);
     }
     for i in 0..n {
@@ -487,8 +506,9 @@ fn post_batch(
     {
         let mut t = lock(&io.send);
         for (frame, &seq) in batch.drain(..).zip(slots.iter()) {
+            let large = by_rendezvous(io, &frame);
             match frame.payload {
-                Some(b) if io.rendezvous.is_large(b.len()) => io.rendezvous.push_outbound(b),
+                Some(b) if large => io.rendezvous.push_outbound(b),
                 payload => {
                     let i = t.slot(seq);
                     t.slots[i] = payload;
@@ -523,6 +543,53 @@ fn post_batch(
         }
     }
     Ok(())
+}
+
+/// Whether `frame` goes as a rendezvous request: a plain data frame larger
+/// than the peer's receive buffers.
+fn by_rendezvous(io: &Io, frame: &Frame) -> bool {
+    frame.tag == 0 && frame.payload.as_ref().is_some_and(|b| io.rendezvous.is_large(b.len()))
+}
+
+/// Selective signalling: every [`SIGNAL_EVERY`]th send and the last of a
+/// batch are signalled.
+fn send_flags(seq: u64, last: bool, inline: bool) -> u32 {
+    let mut flags = 0;
+    if last || seq % SIGNAL_EVERY == SIGNAL_EVERY - 1 {
+        flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+    }
+    if inline {
+        flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+    }
+    flags
+}
+
+/// The work request of a tagged frame: an RDMA WRITE with immediate of its
+/// payload, with no zerocast header. Its SGE goes into `sges`.
+fn write_imm_wr(
+    seq: u64,
+    frame: &Frame,
+    op: crate::rc::write_imm::ImmOp,
+    sges: &mut Vec<[ibv_sge; 2]>,
+    inline: bool,
+) -> ibv_send_wr {
+    let none = ibv_sge { addr: 0, length: 0, lkey: 0 };
+    let payload = match &frame.payload {
+        Some(b) if !b.is_empty() => ibv_sge { addr: b.addr(), length: b.len() as u32, lkey: b.keys().lkey },
+        _ => none,
+    };
+    sges.push([payload, none]);
+    // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).
+    let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+    wr.wr_id = seq;
+    wr.num_sge = i32::from(payload.length > 0);
+    wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+    wr.imm_data_invalidated_rkey_union.imm_data = op.imm.to_be();
+    wr.wr.rdma.remote_addr = op.remote.addr;
+    wr.wr.rdma.rkey = op.remote.rkey;
+    // Signalled like a send: it sits in the send table's ring.
+    wr.send_flags = send_flags(seq, false, inline);
+    wr
 }
 
 fn poller(io: &Io, driver: &Driver) {
@@ -620,7 +687,12 @@ fn on_completion(io: &Io, driver: &Driver, wc: &ibv_wc) {
             on_error(io, driver, wc.status, wc.vendor_err);
             return;
         }
-        if let Err(e) = on_receive(io, driver, &raw, wc.byte_len as usize, buf) {
+        let done = if wc.opcode == ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM {
+            on_write_imm(io, driver, wc, buf)
+        } else {
+            on_receive(io, driver, &raw, wc.byte_len as usize, buf)
+        };
+        if let Err(e) = done {
             driver.fail(e);
             io.close();
         }
@@ -649,6 +721,19 @@ fn on_completion(io: &Io, driver: &Driver, wc: &ibv_wc) {
             on_error(io, driver, wc.status, wc.vendor_err);
         }
     }
+}
+
+/// The peer's RDMA WRITE with immediate consumed this receive: its bytes
+/// are in our memory; the application gets an empty message carrying the
+/// immediate, in order.
+fn on_write_imm(io: &Io, driver: &Driver, wc: &ibv_wc, mut buf: Buf) -> Result<(), ConnError> {
+    if wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 == 0 {
+        return Err(ConnError::transport(RcError::BadFrame("write with immediate without immediate".into())));
+    }
+    // SAFETY: `IBV_WC_WITH_IMM` is set, so the union holds the immediate.
+    let imm = u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data });
+    buf.try_set_len(0).map_err(ConnError::transport)?;
+    rendezvous::arrive(io, driver, Arrival::Immediate(imm, buf))
 }
 
 fn on_receive(

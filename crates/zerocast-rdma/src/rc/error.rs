@@ -49,7 +49,6 @@ pub enum RcError {
         /// The provider's error code.
         vendor_err: u32,
     },
-    /// The peer disconnected (rdma_cm DISCONNECTED) before saying goodbye.
     /// A one-sided transfer is longer than the remote region; nothing was posted.
     #[error("one-sided transfer of {local} bytes does not fit the {remote}-byte remote region; nothing was posted")]
     RemoteTooShort {
@@ -61,6 +60,7 @@ pub enum RcError {
     /// The connection is closed (or failed): no one-sided request was posted.
     #[error("the RC connection is closed; no one-sided request was posted")]
     Closed,
+    /// The peer disconnected (rdma_cm DISCONNECTED) before saying goodbye.
     #[error("the peer disconnected without closing the connection")]
     PeerDisconnected,
     /// A received frame did not match its completion.

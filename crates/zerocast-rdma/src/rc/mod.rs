@@ -20,8 +20,9 @@ mod cm_path;
 mod engine;
 mod error;
 mod one_sided;
-mod rendezvous;
 mod oob;
+mod rendezvous;
+mod write_imm;
 
 use std::fmt;
 use std::sync::Arc;
@@ -180,7 +181,10 @@ impl RcConfig {
             return Err(RcError::Config("min_rnr_timer must be within 0..=31".into()));
         }
         if self.eager_limit < 64 {
-            return Err(RcError::Config(format!("eager_limit {} must be at least 64 bytes", self.eager_limit)));
+            return Err(RcError::Config(format!(
+                "eager_limit {} must be at least 64 bytes",
+                self.eager_limit
+            )));
         }
         if !(4..=16_384).contains(&self.send_depth) {
             return Err(RcError::Config(format!("send_depth {} must be within 4..=16384", self.send_depth)));
@@ -238,7 +242,8 @@ impl RcTransport {
         let device = open_cm_device(cfg.device.as_deref()).map_err(transport_err)?;
         let pd = device.alloc_pd().map_err(transport_err)?;
         let registrar = Arc::new(VerbsRegistrar::new(pd.clone()));
-        let pool = Pool::new(pool_config_for(&pool, &cfg.link, cfg.eager_limit), registrar).map_err(transport_err)?;
+        let pool = Pool::new(pool_config_for(&pool, &cfg.link, cfg.eager_limit), registrar)
+            .map_err(transport_err)?;
         if let Ok(port) = device.port_attr() {
             let attr = device.context().attr();
             tracing::debug!(

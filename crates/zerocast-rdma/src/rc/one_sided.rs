@@ -16,13 +16,14 @@
 //! enters the error state, so the whole connection fails, and every other
 //! posted request flushes and returns its buffer to the pool.
 //!
-//! What it does not do: RDMA WRITE with immediate (it consumes a receive
-//! the peer posted, which the credit window would have to account for).
+//! RDMA WRITE with immediate consumes a receive the peer posted, so it is
+//! not one of these: it travels under the link's credits (see `write_imm`).
 
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdma_sys::{ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc_status, ibv_wr_opcode};
+use zerocast_core::SendError;
 use zerocast_mem::Buf;
 
 use super::engine::Io;
@@ -128,6 +129,24 @@ pub trait OneSided {
     /// until the completion is polled (the data is then in the peer's
     /// memory).
     fn write(&self, local: Buf, remote: RemoteRegion) -> Result<Buf, (Buf, RcError)>;
+
+    /// RDMA WRITE the bytes of `local` to the start of `remote` with the
+    /// immediate value `imm`. The peer's application receives, in order
+    /// with this connection's messages, an empty message whose
+    /// `immediate()` is `imm`; the bytes are in its memory by then.
+    ///
+    /// It takes a credit like a send (waiting for one until `deadline`,
+    /// `None`: forever), and like a send it hands `local` over: the buffer
+    /// returns to the pool once the write completed. Every failure hands it
+    /// back; a `local` longer than `remote` is
+    /// [`SendError::Rejected`] before anything is queued.
+    fn write_with_imm(
+        &self,
+        local: Buf,
+        remote: RemoteRegion,
+        imm: u32,
+        deadline: Option<Instant>,
+    ) -> Result<(), SendError<Buf>>;
 }
 
 impl OneSided for RcConnection {
@@ -146,6 +165,24 @@ impl OneSided for RcConnection {
         match self.resources::<Resources>() {
             Some(r) => run(&r.0, Op::Write, local, remote),
             None => Err((local, RcError::Config("not an RC connection's resources".into()))),
+        }
+    }
+
+    fn write_with_imm(
+        &self,
+        local: Buf,
+        remote: RemoteRegion,
+        imm: u32,
+        deadline: Option<Instant>,
+    ) -> Result<(), SendError<Buf>> {
+        match self.resources::<Resources>() {
+            Some(r) => {
+                super::write_imm::write_with_imm(self.link(), r.0.imm_ops(), local, remote, imm, deadline)
+            }
+            None => {
+                let err = zerocast_core::ConnError::Unsupported("not an RC connection's resources");
+                Err(SendError::Rejected(local, std::sync::Arc::new(err)))
+            }
         }
     }
 }

@@ -88,7 +88,8 @@ impl Descriptor {
         let b: &[u8; DESC_LEN] = b.try_into().map_err(|_| {
             RcError::BadFrame(format!("rendezvous descriptor of {} bytes, not {DESC_LEN}", b.len()))
         })?;
-        let word = |r: std::ops::Range<usize>| b[r].iter().rev().fold(0u64, |acc, &x| acc << 8 | u64::from(x));
+        let word =
+            |r: std::ops::Range<usize>| b[r].iter().rev().fold(0u64, |acc, &x| acc << 8 | u64::from(x));
         let d = Self { addr: word(0..8), rkey: word(8..12) as u32, len: word(12..16) as u32 };
         if d.len == 0 || u64::from(d.len) > max_payload {
             return Err(RcError::BadFrame(format!(
@@ -107,6 +108,8 @@ pub(crate) enum Arrival {
     Frame(Header, Option<Buf>),
     /// A rendezvous request: read the payload first.
     Request(Header, Descriptor),
+    /// An RDMA WRITE with this immediate value consumed this (empty) buffer.
+    Immediate(u32, Buf),
 }
 
 #[derive(Debug)]
@@ -241,6 +244,7 @@ pub(crate) fn arrive(io: &Io, driver: &Driver, a: Arrival) -> Result<(), ConnErr
 fn process(io: &Io, driver: &Driver, st: &mut Inbound, a: Arrival) -> Result<(), ConnError> {
     match a {
         Arrival::Frame(h, buf) => driver.on_frame(h, buf),
+        Arrival::Immediate(imm, buf) => driver.on_immediate(imm, buf),
         Arrival::Request(h, d) => start_read(io, st, h, d).map_err(ConnError::transport),
     }
 }
@@ -276,7 +280,9 @@ pub(crate) fn on_read_done(io: &Io, driver: &Driver, status: u32, vendor_err: u3
     let r = io.rendezvous();
     let mut st = lock(&r.inbound);
     let Some((header, mut buf)) = st.active.take() else {
-        return Err(ConnError::transport(RcError::BadFrame("rendezvous read completion with none active".into())));
+        return Err(ConnError::transport(RcError::BadFrame(
+            "rendezvous read completion with none active".into(),
+        )));
     };
     if status != ibv_wc_status::IBV_WC_SUCCESS {
         return Err(ConnError::transport(RcError::from_wc_status(status, vendor_err)));

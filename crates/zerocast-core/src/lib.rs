@@ -20,6 +20,8 @@ pub mod config;
 pub mod credit;
 pub mod error;
 pub mod frame;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod handshake;
 pub mod transport;
 pub mod uri;

@@ -68,7 +68,7 @@ fn frame_stream_100k_hostile_inputs() {
         |h| h[1] ^= 0x30,
     ];
     let mut case = 0usize;
-    inputs(0xbad_c0de, 50_000, 64, |tail| {
+    inputs(0x0bad_c0de, 50_000, 64, |tail| {
         let mut h = Header::new(FrameKind::Data, 1, case as u32, tail.len() as u64).encode();
         lies[case % lies.len()](&mut h);
         case += 1;
@@ -82,5 +82,5 @@ fn frame_stream_100k_hostile_inputs() {
 /// 100 000 hostile peers against the credit machine.
 #[test]
 fn credit_peer_100k_hostile_peers() {
-    inputs(0xc4ed_175, 100_000, 120, credit_peer);
+    inputs(0x0c4e_d175, 100_000, 120, credit_peer);
 }

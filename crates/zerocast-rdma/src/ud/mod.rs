@@ -85,6 +85,9 @@ pub struct UdConfig {
     pub resolve_timeout: Duration,
     /// Time a send waits for a free send slot (default 5 s).
     pub send_timeout: Duration,
+    /// Most groups one socket may receive (default and upper bound: the
+    /// device's `max_mcast_grp`).
+    pub max_groups: Option<u32>,
 }
 
 impl Default for UdConfig {
@@ -96,6 +99,7 @@ impl Default for UdConfig {
             raw: false,
             resolve_timeout: Duration::from_secs(20),
             send_timeout: Duration::from_secs(5),
+            max_groups: None,
         }
     }
 }
@@ -112,6 +116,13 @@ impl UdConfig {
     #[must_use]
     pub fn with_recv_depth(mut self, n: u32) -> Self {
         self.recv_depth = n;
+        self
+    }
+
+    /// Set the group limit (capped at the device's `max_mcast_grp`).
+    #[must_use]
+    pub fn with_max_groups(mut self, n: u32) -> Self {
+        self.max_groups = Some(n);
         self
     }
 

@@ -201,7 +201,10 @@ impl UdSocket {
             local,
             mtu,
             max_datagram,
-            max_groups: device.context().attr().max_mcast_grp,
+            max_groups: {
+                let dev = device.context().attr().max_mcast_grp;
+                cfg.max_groups.map_or(dev, |n| n.min(dev))
+            },
             cfg,
             dests: Mutex::new(HashMap::new()),
             groups: Mutex::new(HashMap::new()),

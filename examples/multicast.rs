@@ -102,7 +102,11 @@ fn main() -> Result<()> {
         Backend::RdmaUd => "RDMA UD",
         _ => "UDP multicast",
     };
-    println!("multicast: {} over {over} at {}", if o.sender { "sending" } else { "receiving" }, sock.local_addr());
+    println!(
+        "multicast: {} over {over} at {}",
+        if o.sender { "sending" } else { "receiving" },
+        sock.local_addr()
+    );
     if o.size > sock.max_datagram() {
         bail!("-S {} is over the {}-byte datagram limit here", o.size, sock.max_datagram());
     }
@@ -128,7 +132,10 @@ fn main() -> Result<()> {
     }
     println!("multicast: received {got} datagrams in {:?}", start.elapsed());
     for (src, st) in sock.sources() {
-        println!("multicast: from {src}: received {} lost {} reordered {}", st.received, st.lost, st.reordered);
+        println!(
+            "multicast: from {src}: received {} lost {} reordered {}",
+            st.received, st.lost, st.reordered
+        );
     }
     Ok(())
 }

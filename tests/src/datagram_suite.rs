@@ -55,7 +55,8 @@ impl DatagramEnv {
 
     /// A member of `group`.
     pub fn member(&self, group: SocketAddr) -> DatagramSocket {
-        let s = self.zc.bind_datagram(&format!("mcast://{group}?iface={}", self.host)).expect("bind mcast://");
+        let s =
+            self.zc.bind_datagram(&format!("mcast://{group}?iface={}", self.host)).expect("bind mcast://");
         assert_eq!(s.backend(), self.backend, "the datagram backend chosen");
         s
     }
@@ -99,7 +100,11 @@ pub fn unicast_typed(env: &DatagramEnv, n: u64) {
         // Paced: at most 64 datagrams ahead of the receiver.
         let start = Instant::now();
         while i >= got.load(Ordering::Relaxed) + 64 {
-            assert!(start.elapsed() < Duration::from_secs(20), "receiver stalled at {}", got.load(Ordering::Relaxed));
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "receiver stalled at {}",
+                got.load(Ordering::Relaxed)
+            );
             thread::yield_now();
         }
         tx.send_to(&Tick { n: i, note: "x".repeat((i % 200) as usize) }, &b_at).expect("typed send");
@@ -141,7 +146,10 @@ pub fn join_leave_rejoin(env: &DatagramEnv) {
     m.leave(&g).expect("leave");
     send(&sender, &g, b"while out");
     assert_eq!(&*other.recv_from(soon()).expect("other member").0, b"while out");
-    assert!(matches!(m.recv_from(Some(Instant::now() + Duration::from_millis(500))), Err(RecvError::Timeout)));
+    assert!(matches!(
+        m.recv_from(Some(Instant::now() + Duration::from_millis(500))),
+        Err(RecvError::Timeout)
+    ));
     m.join(&g).expect("rejoin");
     send(&sender, &g, b"back");
     assert_eq!(&*m.recv_from(soon()).expect("member again").0, b"back");

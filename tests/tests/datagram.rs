@@ -7,7 +7,11 @@ use zerocast::{Config, Zerocast};
 use zerocast_tests::datagram_suite::{self as suite, DatagramEnv};
 
 fn env() -> DatagramEnv {
-    DatagramEnv { zc: Zerocast::with_config(Config::default()), host: "127.0.0.1".into(), backend: Backend::Udp }
+    DatagramEnv {
+        zc: Zerocast::with_config(Config::default()),
+        host: "127.0.0.1".into(),
+        backend: Backend::Udp,
+    }
 }
 
 #[test]

@@ -266,7 +266,10 @@ pub(crate) struct UdParam {
 
 impl fmt::Debug for UdParam {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("UdParam").field("qpn", &self.qpn).field("qkey", &format_args!("{:#x}", self.qkey)).finish()
+        f.debug_struct("UdParam")
+            .field("qpn", &self.qpn)
+            .field("qkey", &format_args!("{:#x}", self.qkey))
+            .finish()
     }
 }
 

@@ -13,7 +13,9 @@ use rdma_sys::{
     ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_recv_wr,
     ibv_req_notify_cq, ibv_send_wr, ibv_wc, rdma_create_qp, rdma_destroy_qp,
 };
-use rdma_sys::{ibv_ah, ibv_ah_attr, ibv_attach_mcast, ibv_create_ah, ibv_destroy_ah, ibv_detach_mcast, ibv_gid};
+use rdma_sys::{
+    ibv_ah, ibv_ah_attr, ibv_attach_mcast, ibv_create_ah, ibv_destroy_ah, ibv_detach_mcast, ibv_gid,
+};
 
 use crate::cm::{poll_readable, set_nonblocking, CmId};
 use crate::device::{Context, ProtectionDomain};
@@ -505,7 +507,8 @@ impl AddressHandle {
         let mut grh = *grh;
         // SAFETY: live PD; `wc` and `grh` are valid, writable copies (the
         // call only reads them); `ibv_grh` is 40 bytes of plain data.
-        let raw = unsafe { rdma_sys::ibv_create_ah_from_wc(pd.as_ptr(), &mut wc, grh.as_mut_ptr().cast(), port) };
+        let raw =
+            unsafe { rdma_sys::ibv_create_ah_from_wc(pd.as_ptr(), &mut wc, grh.as_mut_ptr().cast(), port) };
         let raw = NonNull::new(raw).ok_or_else(io::Error::last_os_error)?;
         Ok(Self { raw, _pd: pd.clone() })
     }

@@ -18,7 +18,8 @@ fn addr() -> String {
 }
 
 fn transport() -> UdTransport {
-    UdTransport::new(UdConfig::default(), PoolConfig::default().with_max_bytes(64 << 20)).expect("UD transport")
+    UdTransport::new(UdConfig::default(), PoolConfig::default().with_max_bytes(64 << 20))
+        .expect("UD transport")
 }
 
 fn ep(s: &str) -> Endpoint {
@@ -99,7 +100,10 @@ fn multicast_members_receive_and_leave_stops_delivery() {
     assert!(matches!(m2.leave(&g), Err(UdError::NotMember { .. })));
     send(&sender, &g, b"two");
     assert_eq!(&*m1.recv_from(soon()).expect("m1 still receives").0, b"two");
-    assert!(matches!(m2.recv_from(Some(Instant::now() + Duration::from_millis(500))), Err(RecvError::Timeout)));
+    assert!(matches!(
+        m2.recv_from(Some(Instant::now() + Duration::from_millis(500))),
+        Err(RecvError::Timeout)
+    ));
     m2.join(&g).expect("rejoin");
     send(&sender, &g, b"three");
     assert_eq!(&*m2.recv_from(soon()).expect("m2 receives again").0, b"three");
@@ -114,7 +118,9 @@ fn overrun_receiver_counts_every_loss_and_nothing_hangs() {
     const DEPTH: u32 = 32;
     const BURST: usize = 300;
     let t = transport();
-    let rx = t.bind_with(&ep(&format!("ud://{}:0", addr())), UdConfig::default().with_recv_depth(DEPTH)).expect("rx");
+    let rx = t
+        .bind_with(&ep(&format!("ud://{}:0", addr())), UdConfig::default().with_recv_depth(DEPTH))
+        .expect("rx");
     let tx = bind(&t);
     // The receiver does not receive (so nothing is reposted) while a burst
     // far larger than its receive queue arrives.
@@ -245,7 +251,8 @@ fn raw_sender_reaches_mckey_receiver() {
             Err(e) => panic!("mckey receiver did not join: {e}"),
         }
     }
-    let tx = t.bind_with(&ep(&format!("ud://{}:0", addr())), UdConfig::default().with_raw(true)).expect("raw");
+    let tx =
+        t.bind_with(&ep(&format!("ud://{}:0", addr())), UdConfig::default().with_raw(true)).expect("raw");
     assert_eq!(tx.max_datagram(), tx.mtu() as usize, "raw datagrams have no header");
     for i in 0..COUNT {
         send(&tx, &g, &[i as u8; 100]);

@@ -166,7 +166,12 @@ impl Cm {
     }
 
     /// Resolve `peer` from `local`: its QPN, Q_Key and address-handle attributes.
-    pub(super) fn resolve(&self, local: SocketAddr, peer: SocketAddr, timeout: Duration) -> Result<UdParam, UdError> {
+    pub(super) fn resolve(
+        &self,
+        local: SocketAddr,
+        peer: SocketAddr,
+        timeout: Duration,
+    ) -> Result<UdParam, UdError> {
         let deadline = Instant::now() + timeout;
         let fail = |step, reason| UdError::Resolve { peer, step, reason };
         let id = CmId::new_udp(&self.channel).map_err(|e| UdError::verbs("rdma_create_id", e))?;
@@ -175,17 +180,21 @@ impl Cm {
         let src = CmId::sockaddr(SocketAddr::new(local.ip(), 0));
         let dst = CmId::sockaddr(peer);
         // SAFETY: live id; both sockaddrs are valid for the call.
-        let rc = unsafe { rdma_sys::rdma_resolve_addr(id.as_ptr(), src.as_ptr() as *mut _, dst.as_ptr() as *mut _, ms) };
+        let rc = unsafe {
+            rdma_sys::rdma_resolve_addr(id.as_ptr(), src.as_ptr() as *mut _, dst.as_ptr() as *mut _, ms)
+        };
         if rc != 0 {
             return Err(verbs("rdma_resolve_addr", rc));
         }
-        self.expect(&w, ev::RDMA_CM_EVENT_ADDR_RESOLVED, deadline).map_err(|r| fail("resolving the address", r))?;
+        self.expect(&w, ev::RDMA_CM_EVENT_ADDR_RESOLVED, deadline)
+            .map_err(|r| fail("resolving the address", r))?;
         // SAFETY: live id with a resolved address.
         let rc = unsafe { rdma_sys::rdma_resolve_route(id.as_ptr(), ms) };
         if rc != 0 {
             return Err(verbs("rdma_resolve_route", rc));
         }
-        self.expect(&w, ev::RDMA_CM_EVENT_ROUTE_RESOLVED, deadline).map_err(|r| fail("resolving the route", r))?;
+        self.expect(&w, ev::RDMA_CM_EVENT_ROUTE_RESOLVED, deadline)
+            .map_err(|r| fail("resolving the route", r))?;
         // SAFETY: all-zero is a valid `rdma_conn_param`.
         let mut p: rdma_conn_param = unsafe { std::mem::zeroed() };
         p.qp_num = self.qpn;
@@ -217,7 +226,9 @@ impl Cm {
         let src = CmId::sockaddr(SocketAddr::new(local.ip(), 0));
         let dst = CmId::sockaddr(group);
         // SAFETY: live id; both sockaddrs are valid for the call.
-        let rc = unsafe { rdma_sys::rdma_resolve_addr(id.as_ptr(), src.as_ptr() as *mut _, dst.as_ptr() as *mut _, ms) };
+        let rc = unsafe {
+            rdma_sys::rdma_resolve_addr(id.as_ptr(), src.as_ptr() as *mut _, dst.as_ptr() as *mut _, ms)
+        };
         if rc != 0 {
             return Err(verbs("rdma_resolve_addr", rc));
         }
@@ -225,7 +236,8 @@ impl Cm {
         let flag = Arc::new(AtomicBool::new(false));
         lock(&self.watched).insert(id.as_ptr() as usize, flag.clone());
         // SAFETY: live id with a resolved address; `dst` is valid for the call.
-        let rc = unsafe { rdma_sys::rdma_join_multicast(id.as_ptr(), dst.as_ptr() as *mut _, ptr::null_mut()) };
+        let rc =
+            unsafe { rdma_sys::rdma_join_multicast(id.as_ptr(), dst.as_ptr() as *mut _, ptr::null_mut()) };
         if rc != 0 {
             lock(&self.watched).remove(&(id.as_ptr() as usize));
             return Err(verbs("rdma_join_multicast", rc));

@@ -72,7 +72,9 @@ pub enum UdError {
     },
     /// Joining a multicast group failed (an rdma_cm MULTICAST_ERROR, or a
     /// verbs error attaching the queue pair).
-    #[error("cannot join multicast group {group}: {reason}; check `iface=` names the RDMA interface's address")]
+    #[error(
+        "cannot join multicast group {group}: {reason}; check `iface=` names the RDMA interface's address"
+    )]
     Join {
         /// The group.
         group: IpAddr,

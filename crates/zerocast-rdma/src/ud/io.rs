@@ -154,7 +154,8 @@ impl Io {
         };
         buf.set_len(0);
         let mut sge = ibv_sge { addr: buf.addr(), length: self.rx_len as u32, lkey: buf.keys().lkey };
-        let mut wr = ibv_recv_wr { wr_id: u64::from(slot), next: ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
+        let mut wr =
+            ibv_recv_wr { wr_id: u64::from(slot), next: ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
         t.slots[slot as usize] = Some(buf);
         // SAFETY: the SGE lies in a pool buffer registered in the QP's PD
         // (its capacity is at least `rx_len`); the buffer stays in the
@@ -190,10 +191,8 @@ impl Io {
     /// reposted and skipped.
     pub(super) fn poll_recv(&self, wc: &mut MaybeUninit<ibv_wc>) -> Result<Option<Buf>, UdError> {
         loop {
-            let n = self
-                .recv_cq
-                .poll(std::slice::from_mut(wc))
-                .map_err(|e| UdError::verbs("ibv_poll_cq", e))?;
+            let n =
+                self.recv_cq.poll(std::slice::from_mut(wc)).map_err(|e| UdError::verbs("ibv_poll_cq", e))?;
             if n == 0 {
                 return Ok(None);
             }

@@ -10,7 +10,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rdma_sys::{ibv_gid, ibv_wc};
-use zerocast_core::{Caps, ConnError, Datagram, Endpoint, RecvError, Scheme, SeqStats, SeqTracker, HEADER_LEN};
+use zerocast_core::{
+    Caps, ConnError, Datagram, Endpoint, RecvError, Scheme, SeqStats, SeqTracker, HEADER_LEN,
+};
 use zerocast_mem::{Buf, Pool, PoolError, Wait};
 
 use super::cm::Cm;
@@ -273,11 +275,10 @@ impl UdSocket {
             return self.membership(to, false);
         }
         let p = self.cm.resolve(self.local, *to, self.cfg.resolve_timeout)?;
-        let ah = AddressHandle::new(&self.io.pd, &p.ah_attr).map_err(|e| UdError::verbs("ibv_create_ah", e))?;
+        let ah =
+            AddressHandle::new(&self.io.pd, &p.ah_attr).map_err(|e| UdError::verbs("ibv_create_ah", e))?;
         tracing::debug!(peer = %to, qpn = p.qpn, "ud peer resolved");
-        lock(&self.dests)
-            .entry(*to)
-            .or_insert(Dest { ah: Arc::new(ah), qpn: p.qpn, qkey: p.qkey, seq: 0 });
+        lock(&self.dests).entry(*to).or_insert(Dest { ah: Arc::new(ah), qpn: p.qpn, qkey: p.qkey, seq: 0 });
         Ok(())
     }
 
@@ -304,10 +305,10 @@ impl UdSocket {
         if let Some(g) = groups.get_mut(&ip) {
             if !g.failed.load(Relaxed) {
                 if attach && !g.attached {
-                    self.io.qp.attach_mcast(&g.mgid, g.mlid).map_err(|e| UdError::Join {
-                        group: ip,
-                        reason: format!("ibv_attach_mcast: {e}"),
-                    })?;
+                    self.io
+                        .qp
+                        .attach_mcast(&g.mgid, g.mlid)
+                        .map_err(|e| UdError::Join { group: ip, reason: format!("ibv_attach_mcast: {e}") })?;
                     g.attached = true;
                 }
                 return Ok(());
@@ -336,7 +337,8 @@ impl UdSocket {
                 return Err(UdError::Join { group: ip, reason: format!("ibv_attach_mcast: {e}") });
             }
         }
-        lock(&self.dests).insert(dest_key(group), Dest { ah: Arc::new(ah), qpn: p.qpn, qkey: p.qkey, seq: 0 });
+        lock(&self.dests)
+            .insert(dest_key(group), Dest { ah: Arc::new(ah), qpn: p.qpn, qkey: p.qkey, seq: 0 });
         tracing::debug!(local = %self.local, group = %ip, attach, qkey = p.qkey, "ud multicast joined");
         groups.insert(ip, Group { id, addr, mgid, mlid, attached: attach, failed });
         Ok(())

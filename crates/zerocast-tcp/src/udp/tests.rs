@@ -120,7 +120,8 @@ fn membership_checks() {
 
 #[test]
 fn sequence_numbers_count_per_destination_and_sources_are_tracked() {
-    let (a, b, c) = (socket(UdpConfig::default()), socket(UdpConfig::default()), socket(UdpConfig::default()));
+    let (a, b, c) =
+        (socket(UdpConfig::default()), socket(UdpConfig::default()), socket(UdpConfig::default()));
     let send = |to: &UdpSocket| {
         let buf = a.alloc(1, None).unwrap();
         a.send_to(buf, &to.local_addr()).map_err(|(_, e)| e).unwrap();

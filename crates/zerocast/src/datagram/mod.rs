@@ -50,14 +50,14 @@ use zerocast_core::{Endpoint, RecvError, Scheme, SeqStats, TransportList};
 use zerocast_mem::{Buf, Pool, PoolError};
 
 pub use typed::{DatagramReceiver, DatagramSendError, DatagramSender, TypedDatagramError};
-/// The UDP backend.
-pub use zerocast_tcp::udp;
-pub use zerocast_tcp::udp::{UdpConfig, UdpError, UdpSocket};
 /// The RDMA UD backend.
 #[cfg(feature = "rdma")]
 pub use zerocast_rdma::ud;
 #[cfg(feature = "rdma")]
 pub use zerocast_rdma::ud::{UdConfig, UdError, UdSocket};
+/// The UDP backend.
+pub use zerocast_tcp::udp;
+pub use zerocast_tcp::udp::{UdpConfig, UdpError, UdpSocket};
 
 use crate::Zerocast;
 
@@ -242,9 +242,13 @@ impl DatagramSocket {
     /// waiting until `deadline` (`None`: forever).
     pub fn recv_from(&self, deadline: Option<Instant>) -> Result<(RecvDatagram, SocketAddr), RecvError> {
         match &self.flavor {
-            Flavor::Udp(s) => s.recv_from(deadline).map(|(d, a)| (RecvDatagram { flavor: RxFlavor::Udp(d) }, a)),
+            Flavor::Udp(s) => {
+                s.recv_from(deadline).map(|(d, a)| (RecvDatagram { flavor: RxFlavor::Udp(d) }, a))
+            }
             #[cfg(feature = "rdma")]
-            Flavor::Ud(s) => s.recv_from(deadline).map(|(d, a)| (RecvDatagram { flavor: RxFlavor::Ud(d) }, a)),
+            Flavor::Ud(s) => {
+                s.recv_from(deadline).map(|(d, a)| (RecvDatagram { flavor: RxFlavor::Ud(d) }, a))
+            }
         }
     }
 
@@ -297,12 +301,20 @@ impl DatagramSocket {
         match &self.flavor {
             Flavor::Udp(s) => {
                 let st = s.stats();
-                DatagramStats { sent: st.sent, received: st.received, dropped_malformed: st.dropped_malformed }
+                DatagramStats {
+                    sent: st.sent,
+                    received: st.received,
+                    dropped_malformed: st.dropped_malformed,
+                }
             }
             #[cfg(feature = "rdma")]
             Flavor::Ud(s) => {
                 let st = s.stats();
-                DatagramStats { sent: st.sent, received: st.received, dropped_malformed: st.dropped_malformed }
+                DatagramStats {
+                    sent: st.sent,
+                    received: st.received,
+                    dropped_malformed: st.dropped_malformed,
+                }
             }
         }
     }
@@ -328,7 +340,10 @@ impl DatagramSocket {
     }
 
     /// Typed halves with a codec of your choice.
-    pub fn typed_with<S, R, C: crate::Codec>(self, codec: C) -> (DatagramSender<S, C>, DatagramReceiver<R, C>) {
+    pub fn typed_with<S, R, C: crate::Codec>(
+        self,
+        codec: C,
+    ) -> (DatagramSender<S, C>, DatagramReceiver<R, C>) {
         typed::split(self, codec)
     }
 }
@@ -372,7 +387,10 @@ impl Zerocast {
         let bad = |reason: String| DatagramError::BadEndpoint { endpoint: uri.to_owned(), reason };
         let ep = Endpoint::parse(uri).map_err(|e| bad(e.to_string()))?;
         if !matches!(ep.scheme(), Scheme::Ud | Scheme::Mcast) {
-            return Err(bad(format!("{}:// is not a datagram transport; use ud:// or mcast://", ep.scheme())));
+            return Err(bad(format!(
+                "{}:// is not a datagram transport; use ud:// or mcast://",
+                ep.scheme()
+            )));
         }
         let mut skipped = Vec::new();
         for b in backends(crate::context::DEFAULT_TRANSPORTS).map_err(bad)? {
@@ -399,10 +417,9 @@ impl Zerocast {
     }
 
     fn bind_udp(&self, ep: &Endpoint) -> Result<DatagramSocket, DatagramError> {
-        let pool = self.pool().map_err(|e| DatagramError::BadEndpoint {
-            endpoint: ep.to_string(),
-            reason: e.to_string(),
-        })?;
+        let pool = self
+            .pool()
+            .map_err(|e| DatagramError::BadEndpoint { endpoint: ep.to_string(), reason: e.to_string() })?;
         let cfg = self.config().udp.clone();
         let s = match ep.scheme() {
             Scheme::Mcast => UdpSocket::multicast(ep, pool, cfg)?,
@@ -442,4 +459,3 @@ enum BindUd {
     Fail(DatagramError),
 }
 use BindUd::{Fail, Skip};
-

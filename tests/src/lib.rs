@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod checksum;
+pub mod datagram_suite;
 pub mod suite;
 
 use std::sync::atomic::{AtomicU64, Ordering};

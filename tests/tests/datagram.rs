@@ -1,37 +1,51 @@
-//! Datagram endpoints through the facade: `ud://` unicast and `mcast://`
-//! groups over UDP on loopback.
+//! Datagram endpoints through the facade over UDP on loopback: the
+//! datagram conformance suite (the same one `ud_rdma.rs` runs over RDMA UD
+//! in the Soft-RoCE guest), and the facade's URI checks.
 
-use std::time::{Duration, Instant};
+use zerocast::datagram::Backend;
+use zerocast::{Config, Zerocast};
+use zerocast_tests::datagram_suite::{self as suite, DatagramEnv};
 
-fn send(sock: &zerocast::datagram::UdpSocket, to: std::net::SocketAddr, bytes: &[u8]) {
-    let mut buf = sock.alloc(bytes.len(), None).expect("alloc");
-    buf.copy_from_slice(bytes);
-    sock.send_to(buf, &to).map_err(|(_, e)| e).expect("send");
-}
-
-#[test]
-fn unicast_roundtrip() {
-    let a = zerocast::datagram::bind("ud://127.0.0.1:0").expect("bind a");
-    let b = zerocast::datagram::bind("ud://127.0.0.1:0").expect("bind b");
-    send(&a, b.local_addr(), b"over udp");
-    let deadline = Some(Instant::now() + Duration::from_secs(5));
-    let (msg, from) = b.recv_from(deadline).expect("recv");
-    assert_eq!((&*msg, from), (&b"over udp"[..], a.local_addr()));
-}
-
-#[test]
-fn multicast_group_members_all_receive() {
-    let port = 20_000 + (std::process::id() % 20_000) as u16;
-    let uri = format!("mcast://239.77.1.{}:{port}?iface=127.0.0.1", std::process::id() % 200 + 1);
-    let m1 = zerocast::datagram::bind(&uri).expect("member 1");
-    let m2 = zerocast::datagram::bind(&uri).expect("member 2");
-    let group: std::net::SocketAddr =
-        zerocast::Endpoint::parse(&uri).expect("uri").authority().parse().expect("addr");
-    send(&m1, group, b"to the group");
-    for m in [&m1, &m2] {
-        let (msg, _) = m.recv_from(Some(Instant::now() + Duration::from_secs(5))).expect("member receives");
-        assert_eq!(&*msg, b"to the group");
+fn env() -> DatagramEnv {
+    DatagramEnv {
+        zc: Zerocast::with_config(Config::default()),
+        host: "127.0.0.1".into(),
+        backend: Backend::Udp,
     }
+}
+
+#[test]
+fn unicast_10k_typed_and_reply() {
+    suite::unicast_typed(&env(), 10_000);
+}
+
+#[test]
+fn oversize_is_refused() {
+    suite::oversize_refused(&env());
+}
+
+#[test]
+fn join_leave_rejoin() {
+    suite::join_leave_rejoin(&env());
+}
+
+#[test]
+fn loss_is_accounted() {
+    let cfg = zerocast::datagram::UdpConfig { recv_buffer: Some(4096), ..Default::default() };
+    let env = DatagramEnv { zc: Zerocast::with_config(Config::default().with_udp(cfg)), ..env() };
+    suite::loss_accounting(&env, 2000);
+}
+
+#[test]
+fn multicast_fanout_to_three_processes() {
+    suite::multicast_fanout(&env(), "fanout_child", 3, 10_000);
+}
+
+/// A receiver process of `multicast_fanout_to_three_processes` (does
+/// nothing unless started as one).
+#[test]
+fn fanout_child() {
+    suite::fanout_child(&env().zc, Backend::Udp);
 }
 
 #[test]

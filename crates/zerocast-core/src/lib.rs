@@ -7,6 +7,7 @@
 //!   (reserve, commit, piggybacked returns, explicit credit frames);
 //! - [`handshake`]: the hello each side sends before data flows;
 //! - [`uri`]: endpoint URIs and the ordered transport fallback list;
+//! - [`seq`]: per-sender datagram accounting (received, lost, reordered);
 //! - [`transport`]: the traits backends implement;
 //! - [`error`]: errors shared by every transport; failed sends hand the buffer back.
 //!
@@ -23,6 +24,7 @@ pub mod frame;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod handshake;
+pub mod seq;
 pub mod transport;
 pub mod uri;
 
@@ -31,5 +33,6 @@ pub use credit::{Blocked, CreditError, Credits, Reservation, Stamp};
 pub use error::{ConnError, ConnectError, RecvError, SendError};
 pub use frame::{FrameError, FrameKind, Header, HEADER_LEN};
 pub use handshake::{HandshakeError, Hello};
+pub use seq::{Arrival, SeqStats, SeqTracker};
 pub use transport::{Caps, Connection, Datagram, Listener, Transport, TxBuffer};
 pub use uri::{Endpoint, Scheme, TransportList, UriError};

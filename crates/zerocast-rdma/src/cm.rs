@@ -245,6 +245,32 @@ impl CmEvent {
     pub(crate) fn name(&self) -> String {
         event_name(self.kind())
     }
+
+    /// The datagram parameters of an ESTABLISHED (UD) or MULTICAST_JOIN
+    /// event: the peer's address handle attributes, QPN and Q_Key.
+    pub(crate) fn ud_param(&self) -> UdParam {
+        // SAFETY: the event is live; for UD and multicast events `param.ud`
+        // is the member in use, plain data copied out here.
+        let ud = unsafe { &self.raw.as_ref().param.ud };
+        UdParam { ah_attr: ud.ah_attr, qpn: ud.qp_num, qkey: ud.qkey }
+    }
+}
+
+/// Where datagrams for a peer or group go, as rdma_cm resolved it.
+#[derive(Clone, Copy)]
+pub(crate) struct UdParam {
+    pub(crate) ah_attr: rdma_sys::ibv_ah_attr,
+    pub(crate) qpn: u32,
+    pub(crate) qkey: u32,
+}
+
+impl fmt::Debug for UdParam {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UdParam")
+            .field("qpn", &self.qpn)
+            .field("qkey", &format_args!("{:#x}", self.qkey))
+            .finish()
+    }
 }
 
 pub(crate) fn event_name(kind: rdma_cm_event_type::Type) -> String {
@@ -284,11 +310,19 @@ unsafe impl Sync for CmId {}
 impl CmId {
     /// A new id for a reliable connection on `channel`.
     pub(crate) fn new(channel: &Arc<EventChannel>) -> io::Result<Self> {
+        Self::with_port_space(channel, rdma_port_space::RDMA_PS_TCP)
+    }
+
+    /// A new id in the UDP port space (unreliable datagrams and multicast)
+    /// on `channel`.
+    pub(crate) fn new_udp(channel: &Arc<EventChannel>) -> io::Result<Self> {
+        Self::with_port_space(channel, rdma_port_space::RDMA_PS_UDP)
+    }
+
+    fn with_port_space(channel: &Arc<EventChannel>, ps: rdma_port_space::Type) -> io::Result<Self> {
         let mut id: *mut rdma_cm_id = ptr::null_mut();
         // SAFETY: live channel, valid out-pointer.
-        let rc = unsafe {
-            rdma_create_id(channel.as_ptr(), &mut id, ptr::null_mut(), rdma_port_space::RDMA_PS_TCP)
-        };
+        let rc = unsafe { rdma_create_id(channel.as_ptr(), &mut id, ptr::null_mut(), ps) };
         if rc != 0 {
             return Err(errno_from_rc(rc));
         }

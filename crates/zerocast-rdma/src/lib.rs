@@ -26,9 +26,14 @@
 //!   RDMA READ and RDMA WRITE between a local pool buffer and a peer's
 //!   region, each a signalled request routed back to its blocked caller.
 //!
+//! - **`ud://` and `mcast://`** ([`ud::UdTransport`], [`ud::UdSocket`]):
+//!   unreliable datagrams on a UD queue pair, peers resolved and groups
+//!   joined through rdma_cm in the UDP port space, receives pre-posted from
+//!   the registered pool, the GRH stripped, a typed error for datagrams
+//!   above the active MTU, and a raw mode for interop with rdma-core tools.
+//!
 //! What it does not do yet: RDMA WRITE with immediate, rendezvous
-//! for messages larger than a receive buffer, shared receive queues, UD and
-//! multicast.
+//! for messages larger than a receive buffer, shared receive queues.
 //!
 //! Testing: this crate's tests, and `tests/tests/conformance_rdma.rs`, need
 //! a verbs device. They are `#[ignore]`d on a plain `cargo test`;
@@ -43,6 +48,7 @@ mod device;
 mod error;
 mod mr;
 mod rc;
+pub mod ud;
 mod verbs;
 
 pub use cm::open_cm_device;

@@ -13,6 +13,9 @@ use rdma_sys::{
     ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_recv_wr,
     ibv_req_notify_cq, ibv_send_wr, ibv_wc, rdma_create_qp, rdma_destroy_qp,
 };
+use rdma_sys::{
+    ibv_ah, ibv_ah_attr, ibv_attach_mcast, ibv_create_ah, ibv_destroy_ah, ibv_detach_mcast, ibv_gid,
+};
 
 use crate::cm::{poll_readable, set_nonblocking, CmId};
 use crate::device::{Context, ProtectionDomain};
@@ -148,12 +151,14 @@ pub(crate) struct QpCaps {
     pub(crate) max_inline: u32,
 }
 
-/// A reliable-connected queue pair. Holds its CQ and PD (and, when rdma_cm
-/// created it, its CM id), so they outlive it.
+/// A queue pair (reliable connected, or unreliable datagram). Holds its
+/// CQs and PD (and, when rdma_cm created it, its CM id), so they outlive it.
 pub(crate) struct QueuePair {
     raw: NonNull<ibv_qp>,
     cm: Option<Arc<CmId>>,
     _cq: Arc<CompletionQueue>,
+    /// The receive CQ, when it is not `_cq`.
+    _recv_cq: Option<Arc<CompletionQueue>>,
     pd: Arc<ProtectionDomain>,
     /// Bytes a send may carry inline (what the provider granted).
     max_inline: u32,
@@ -198,7 +203,7 @@ impl QueuePair {
         }
         let raw = NonNull::new(raw).ok_or_else(io::Error::last_os_error)?;
         let max_inline = attr.cap.max_inline_data;
-        Ok(Self { raw, cm: None, _cq: cq.clone(), pd: pd.clone(), max_inline })
+        Ok(Self { raw, cm: None, _cq: cq.clone(), _recv_cq: None, pd: pd.clone(), max_inline })
     }
 
     /// A QP made by rdma_cm on `id` (`rdma_create_qp`); rdma_cm moves it
@@ -225,7 +230,75 @@ impl QueuePair {
         let raw = unsafe { (*id.as_ptr()).qp };
         let raw = NonNull::new(raw).ok_or_else(|| io::Error::other("rdma_create_qp made no QP"))?;
         let max_inline = attr.cap.max_inline_data;
-        Ok(Self { raw, cm: Some(id.clone()), _cq: cq.clone(), pd: pd.clone(), max_inline })
+        Ok(Self { raw, cm: Some(id.clone()), _cq: cq.clone(), _recv_cq: None, pd: pd.clone(), max_inline })
+    }
+
+    /// An unreliable-datagram QP (`ibv_create_qp`) with separate send and
+    /// receive CQs and one SGE per receive, in RESET; see [`ud_ready`](Self::ud_ready).
+    pub(crate) fn create_ud(
+        pd: &Arc<ProtectionDomain>,
+        send_cq: &Arc<CompletionQueue>,
+        recv_cq: &Arc<CompletionQueue>,
+        caps: QpCaps,
+    ) -> io::Result<Self> {
+        let mut attr = init_attr(send_cq, caps);
+        attr.recv_cq = recv_cq.as_ptr();
+        attr.cap.max_recv_sge = 1;
+        attr.qp_type = ibv_qp_type::IBV_QPT_UD;
+        // SAFETY: live PD and CQs (kept alive by the returned QP).
+        let mut raw = unsafe { ibv_create_qp(pd.as_ptr(), &mut attr) };
+        if raw.is_null() && caps.max_inline > 0 {
+            attr.cap.max_inline_data = 0;
+            // SAFETY: as above.
+            raw = unsafe { ibv_create_qp(pd.as_ptr(), &mut attr) };
+        }
+        let raw = NonNull::new(raw).ok_or_else(io::Error::last_os_error)?;
+        let max_inline = attr.cap.max_inline_data;
+        Ok(Self {
+            raw,
+            cm: None,
+            _cq: send_cq.clone(),
+            _recv_cq: Some(recv_cq.clone()),
+            pd: pd.clone(),
+            max_inline,
+        })
+    }
+
+    /// Drive a UD QP from RESET to RTS on `port` with Q_Key `qkey` (P_Key index 0).
+    pub(crate) fn ud_ready(&self, port: u8, qkey: u32) -> io::Result<()> {
+        use ibv_qp_attr_mask as m;
+        // SAFETY: all-zero is a valid `ibv_qp_attr`.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_INIT;
+        attr.pkey_index = 0;
+        attr.port_num = port;
+        attr.qkey = qkey;
+        self.modify(&mut attr, m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_QKEY)?;
+        attr.qp_state = ibv_qp_state::IBV_QPS_RTR;
+        self.modify(&mut attr, m::IBV_QP_STATE)?;
+        attr.qp_state = ibv_qp_state::IBV_QPS_RTS;
+        attr.sq_psn = 0;
+        self.modify(&mut attr, m::IBV_QP_STATE | m::IBV_QP_SQ_PSN)
+    }
+
+    /// Attach this (UD) QP to the multicast group `mgid`/`mlid`.
+    pub(crate) fn attach_mcast(&self, mgid: &ibv_gid, mlid: u16) -> io::Result<()> {
+        // SAFETY: live QP; `mgid` is a valid GID for the call.
+        let rc = unsafe { ibv_attach_mcast(self.raw.as_ptr(), mgid, mlid) };
+        if rc != 0 {
+            return Err(errno_from_rc(rc));
+        }
+        Ok(())
+    }
+
+    /// Detach this QP from a group it was attached to.
+    pub(crate) fn detach_mcast(&self, mgid: &ibv_gid, mlid: u16) -> io::Result<()> {
+        // SAFETY: live QP; `mgid` is a valid GID for the call.
+        let rc = unsafe { ibv_detach_mcast(self.raw.as_ptr(), mgid, mlid) };
+        if rc != 0 {
+            return Err(errno_from_rc(rc));
+        }
+        Ok(())
     }
 
     pub(crate) fn qp_num(&self) -> u32 {
@@ -395,5 +468,69 @@ impl Drop for HeaderSlab {
 impl fmt::Debug for HeaderSlab {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HeaderSlab").field("slots", &self.slots).finish()
+    }
+}
+
+/// An address handle (`ibv_ah`): where a UD send goes. Holds its PD.
+pub(crate) struct AddressHandle {
+    raw: NonNull<ibv_ah>,
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: an AH is an immutable handle once created; creating, using and
+// destroying AHs are thread-safe verbs.
+unsafe impl Send for AddressHandle {}
+// SAFETY: as above; `&self` only hands out the pointer for posting.
+unsafe impl Sync for AddressHandle {}
+
+impl AddressHandle {
+    /// An AH for the attributes rdma_cm resolved (`ibv_create_ah`).
+    pub(crate) fn new(pd: &Arc<ProtectionDomain>, attr: &ibv_ah_attr) -> io::Result<Self> {
+        let mut attr = *attr;
+        // SAFETY: live PD; `attr` is a valid attribute struct for the call.
+        let raw = unsafe { ibv_create_ah(pd.as_ptr(), &mut attr) };
+        let raw = NonNull::new(raw).ok_or_else(io::Error::last_os_error)?;
+        Ok(Self { raw, _pd: pd.clone() })
+    }
+
+    /// An AH back to the sender of a received datagram
+    /// (`ibv_create_ah_from_wc`), from its completion and its 40-byte GRH.
+    pub(crate) fn from_wc(
+        pd: &Arc<ProtectionDomain>,
+        wc: &ibv_wc,
+        grh: &[u8; 40],
+        port: u8,
+    ) -> io::Result<Self> {
+        // SAFETY: `ibv_wc` is plain data (no pointers, no drop glue); a
+        // bitwise copy is a valid value.
+        let mut wc = unsafe { ptr::read(wc) };
+        let mut grh = *grh;
+        // SAFETY: live PD; `wc` and `grh` are valid, writable copies (the
+        // call only reads them); `ibv_grh` is 40 bytes of plain data.
+        let raw =
+            unsafe { rdma_sys::ibv_create_ah_from_wc(pd.as_ptr(), &mut wc, grh.as_mut_ptr().cast(), port) };
+        let raw = NonNull::new(raw).ok_or_else(io::Error::last_os_error)?;
+        Ok(Self { raw, _pd: pd.clone() })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut ibv_ah {
+        self.raw.as_ptr()
+    }
+}
+
+impl Drop for AddressHandle {
+    fn drop(&mut self) {
+        // SAFETY: live AH, destroyed once; every send posted with it holds
+        // an `Arc` of it until its completion is polled.
+        let rc = unsafe { ibv_destroy_ah(self.raw.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(error = %errno_from_rc(rc), "ibv_destroy_ah failed");
+        }
+    }
+}
+
+impl fmt::Debug for AddressHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AddressHandle").finish_non_exhaustive()
     }
 }

@@ -11,7 +11,9 @@
 //!
 //! Each datagram is a zerocast [`Header`](zerocast_core::Header) (kind
 //! `Data`, `seq` = the sending socket's counter, `len` = payload length)
-//! followed by the payload. A receiver drops, counts
+//! followed by the payload. Sequence numbers count per destination (a
+//! peer or a group), so a receiver sees a gap only where a datagram to it
+//! was lost. A receiver drops, counts
 //! ([`UdpStats::dropped_malformed`]) and logs at `debug` anything that is not
 //! exactly that: foreign traffic on the port never reaches the user.
 //!
@@ -50,9 +52,11 @@
 //! Datagram semantics, nothing more: no reliability, no retransmission, no
 //! ordering, no credits or flow control, no fragmentation of large messages.
 //! Datagrams can be lost (a full socket receive buffer, a full pool, the
-//! network) and reordered; [`RecvDatagram::seq`] lets a receiver see gaps,
-//! but nothing here tracks or repairs them. A payload is at most
-//! [`UdpConfig::max_datagram`] bytes.
+//! network) and reordered: **unreliable and unordered**. The receiver
+//! counts, per source, datagrams received, lost (gaps in the sequence) and
+//! reordered ([`UdpSocket::source_stats`], through
+//! [`zerocast_core::SeqTracker`]); nothing repairs them. A payload is at
+//! most [`UdpConfig::max_datagram`] bytes.
 //!
 //! # Memory
 //!
@@ -69,14 +73,16 @@ mod plan;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, IoSlice};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
-use zerocast_core::{Caps, ConnError, Datagram, Endpoint, RecvError, HEADER_LEN};
+use zerocast_core::{Caps, ConnError, Datagram, Endpoint, RecvError, SeqStats, SeqTracker, HEADER_LEN};
 use zerocast_mem::{Buf, Pool, PoolError, Wait};
 
 pub use datagram::RecvDatagram;
@@ -194,7 +200,10 @@ pub struct UdpSocket {
     local: SocketAddr,
     iface: Iface,
     max_datagram: usize,
-    seq: AtomicU32,
+    /// The next sequence number per destination.
+    seqs: Mutex<HashMap<SocketAddr, u32>>,
+    /// Sequence accounting per source.
+    sources: Mutex<HashMap<SocketAddr, SeqTracker>>,
     gate: RecvGate,
     counters: Counters,
 }
@@ -266,7 +275,8 @@ impl UdpSocket {
             local,
             iface: plan.iface,
             max_datagram: cfg.max_datagram,
-            seq: AtomicU32::new(0),
+            seqs: Mutex::new(HashMap::new()),
+            sources: Mutex::new(HashMap::new()),
             gate: RecvGate::default(),
             counters: Counters::default(),
         })
@@ -320,12 +330,22 @@ impl UdpSocket {
     /// buffer is handed back, unchanged: [`UdpError::TooLarge`] above
     /// [`max_datagram`](Self::max_datagram), [`UdpError::Send`] if the OS
     /// refused. A refused send still uses up its sequence number.
+    ///
+    /// The first send to a destination adds it to the socket's table of
+    /// sequence counters (one allocation); later sends allocate nothing.
     pub fn send_to(&self, buf: Buf, to: &SocketAddr) -> Result<(), (Buf, UdpError)> {
         let len = buf.len();
         if len > self.max_datagram {
             return Err((buf, UdpError::TooLarge { len, max: self.max_datagram }));
         }
-        let hdr = datagram::header(self.seq.fetch_add(1, Relaxed), len);
+        let seq = {
+            let mut seqs = lock(&self.seqs);
+            let next = seqs.entry(*to).or_insert(0);
+            let seq = *next;
+            *next = next.wrapping_add(1);
+            seq
+        };
+        let hdr = datagram::header(seq, len);
         let dest = SockAddr::from(*to);
         let iov = [IoSlice::new(&hdr), IoSlice::new(&buf)];
         let sock = SockRef::from(&self.sock);
@@ -421,6 +441,7 @@ impl UdpSocket {
             match datagram::check(&buf.spare_capacity()[..n], self.max_datagram) {
                 Ok(h) => {
                     buf.set_len(n);
+                    lock(&self.sources).entry(from).or_default().on_arrival(h.seq);
                     self.counters.received.fetch_add(1, Relaxed);
                     return Ok((RecvDatagram::new(buf, h.seq), from));
                 }
@@ -488,6 +509,16 @@ impl UdpSocket {
         &self.pool
     }
 
+    /// Received, lost and reordered counts of datagrams from `from`.
+    pub fn source_stats(&self, from: &SocketAddr) -> Option<SeqStats> {
+        lock(&self.sources).get(from).map(SeqTracker::stats)
+    }
+
+    /// Every source seen, with its counts.
+    pub fn sources(&self) -> Vec<(SocketAddr, SeqStats)> {
+        lock(&self.sources).iter().map(|(a, t)| (*a, t.stats())).collect()
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> UdpStats {
         UdpStats {
@@ -514,6 +545,10 @@ impl Drop for NonBlocking<'_> {
             tracing::warn!(error = %e, "cannot make the udp socket blocking again");
         }
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn wait_until(deadline: Option<Instant>) -> Wait {

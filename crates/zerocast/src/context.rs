@@ -26,6 +26,12 @@ pub struct Config {
     /// by [`Config::link`].
     #[cfg(feature = "rdma")]
     pub rc: zerocast_rdma::RcConfig,
+    /// UDP datagram settings (`ud://` and `mcast://` over UDP).
+    #[cfg(feature = "tcp")]
+    pub udp: zerocast_tcp::udp::UdpConfig,
+    /// RDMA UD datagram settings (`ud://` and `mcast://` over RDMA).
+    #[cfg(feature = "rdma")]
+    pub ud: zerocast_rdma::ud::UdConfig,
 }
 
 impl Default for Config {
@@ -38,6 +44,10 @@ impl Default for Config {
             tcp: zerocast_tcp::TcpConfig::default(),
             #[cfg(feature = "rdma")]
             rc: zerocast_rdma::RcConfig::default(),
+            #[cfg(feature = "tcp")]
+            udp: zerocast_tcp::udp::UdpConfig::default(),
+            #[cfg(feature = "rdma")]
+            ud: zerocast_rdma::ud::UdConfig::default(),
         }
     }
 }
@@ -52,6 +62,20 @@ impl Config {
     /// Set the pool settings.
     pub fn with_pool(mut self, pool: PoolConfig) -> Self {
         self.pool = pool;
+        self
+    }
+
+    /// Set the RDMA UD datagram settings.
+    #[cfg(feature = "rdma")]
+    pub fn with_ud(mut self, ud: zerocast_rdma::ud::UdConfig) -> Self {
+        self.ud = ud;
+        self
+    }
+
+    /// Set the UDP datagram settings.
+    #[cfg(feature = "tcp")]
+    pub fn with_udp(mut self, udp: zerocast_tcp::udp::UdpConfig) -> Self {
+        self.udp = udp;
         self
     }
 
@@ -85,6 +109,9 @@ struct Inner {
     /// The RC transport, with its own registered pool (created on first use).
     #[cfg(feature = "rdma")]
     rc: OnceLock<Result<zerocast_rdma::RcTransport, String>>,
+    /// The UD transport, with its own registered pool (created on first use).
+    #[cfg(feature = "rdma")]
+    ud: OnceLock<Result<zerocast_rdma::ud::UdTransport, String>>,
 }
 
 impl Default for Zerocast {
@@ -107,6 +134,8 @@ impl Zerocast {
                 pool: OnceLock::new(),
                 #[cfg(feature = "rdma")]
                 rc: OnceLock::new(),
+                #[cfg(feature = "rdma")]
+                ud: OnceLock::new(),
             }),
         }
     }
@@ -210,6 +239,20 @@ impl Zerocast {
             .map_err(|e| ConnectError::Transport(e.into()))
     }
 
+    /// The UD transport (opened on first use: device, protection domain
+    /// and a registered pool shaped like [`Config::pool`]).
+    #[cfg(feature = "rdma")]
+    pub fn ud(&self) -> Result<zerocast_rdma::ud::UdTransport, ConnectError> {
+        self.inner
+            .ud
+            .get_or_init(|| {
+                zerocast_rdma::ud::UdTransport::new(self.inner.cfg.ud.clone(), self.inner.cfg.pool.clone())
+                    .map_err(|e| error_chain(&e))
+            })
+            .clone()
+            .map_err(|e| ConnectError::Transport(e.into()))
+    }
+
     #[cfg(feature = "mem")]
     fn mem(&self) -> Result<zerocast_inproc::MemTransport, ConnectError> {
         zerocast_inproc::MemTransport::new(self.pool()?, self.inner.cfg.link)
@@ -218,7 +261,7 @@ impl Zerocast {
 
 /// The list used when `ZEROCAST_TRANSPORTS` is unset. `rc` comes first so
 /// that an RDMA build prefers it once the RC backend is built in.
-const DEFAULT_TRANSPORTS: &str = "rc,tcp";
+pub(crate) const DEFAULT_TRANSPORTS: &str = "rc,tcp";
 
 /// Whether a connection-oriented transport is built in and usable here.
 fn usable(scheme: Scheme) -> Result<(), String> {
@@ -238,7 +281,7 @@ fn usable(scheme: Scheme) -> Result<(), String> {
 
 /// An error and its sources on one line.
 #[cfg(feature = "rdma")]
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut msg = e.to_string();
     let mut src = e.source();
     while let Some(s) = src {

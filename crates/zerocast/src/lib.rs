@@ -31,7 +31,8 @@
 //!
 //! What zerocast does **not** do: encryption, reconnection, or message
 //! routing between more than two parties on a connection. Datagram
-//! transports ([`datagram`]) are best-effort.
+//! transports ([`datagram`]: `ud://`, `mcast://`, over RDMA UD or UDP) are
+//! unreliable and unordered.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -50,6 +51,8 @@ pub use channel::{Receiver, Sender};
 pub use codec::{Bincode, BincodeLimit, Codec};
 pub use conn::{Connection, Listener};
 pub use context::{connect, global, listen, Config, Zerocast};
+#[cfg(feature = "tcp")]
+pub use datagram::{DatagramReceiver, DatagramSender, DatagramSocket};
 pub use error::{
     CodecError, ConnError, ConnectError, Error, PoolError, RecvError, SendError, TypedRecvError,
 };

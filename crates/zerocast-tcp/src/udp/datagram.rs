@@ -29,8 +29,8 @@ impl RecvDatagram {
     }
 
     /// The sender's sequence number for this datagram. Each socket numbers
-    /// its sends 0, 1, 2, … (wrapping), over all destinations, so a gap
-    /// from one sender to one receiver means loss (or sends elsewhere).
+    /// its sends to each destination 0, 1, 2, … (wrapping), so a gap from
+    /// one sender to one receiver means loss.
     pub fn seq(&self) -> u32 {
         self.seq
     }

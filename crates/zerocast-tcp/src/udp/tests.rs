@@ -117,3 +117,25 @@ fn membership_checks() {
     let e = s.leave(&g).unwrap_err();
     assert!(e.to_string().contains("239.255.0.1"), "{e}");
 }
+
+#[test]
+fn sequence_numbers_count_per_destination_and_sources_are_tracked() {
+    let (a, b, c) =
+        (socket(UdpConfig::default()), socket(UdpConfig::default()), socket(UdpConfig::default()));
+    let send = |to: &UdpSocket| {
+        let buf = a.alloc(1, None).unwrap();
+        a.send_to(buf, &to.local_addr()).map_err(|(_, e)| e).unwrap();
+    };
+    send(&b);
+    send(&c);
+    send(&b);
+    let seqs = |s: &UdpSocket, n: usize| -> Vec<u32> {
+        (0..n).map(|_| s.recv_from(soon(2000)).unwrap().0.seq()).collect()
+    };
+    assert_eq!(seqs(&b, 2), [0, 1]);
+    assert_eq!(seqs(&c, 1), [0], "a gap at c would read as loss");
+    let st = b.source_stats(&a.local_addr()).unwrap();
+    assert_eq!((st.received, st.lost, st.reordered), (2, 0, 0));
+    assert_eq!(b.sources().len(), 1);
+    assert!(b.source_stats(&c.local_addr()).is_none());
+}

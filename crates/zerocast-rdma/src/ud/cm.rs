@@ -1,0 +1,264 @@
+//! The rdma_cm side of a UD socket, in the UDP port space.
+//!
+//! One event channel per socket, read by one thread. It answers peers'
+//! resolution requests (`RDMA_CM_EVENT_CONNECT_REQUEST`, a SIDR request
+//! under the hood) with the socket's QPN, marks groups whose membership
+//! failed (`RDMA_CM_EVENT_MULTICAST_ERROR`), and hands every other event
+//! to the caller waiting for it: resolving a peer (address, route, then
+//! `rdma_connect`, whose ESTABLISHED event carries the peer's QPN, Q_Key
+//! and address-handle attributes) or joining a group (address, then
+//! `rdma_join_multicast`, whose MULTICAST_JOIN event carries the same for
+//! the group).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use rdma_sys::{rdma_cm_event_type as ev, rdma_conn_param};
+
+use super::io::lock;
+use super::UdError;
+use crate::cm::{event_name, CmId, EventChannel, UdParam};
+use crate::error::errno_from_rc;
+
+/// An event as handed to its waiter (the event itself is acked at once).
+#[derive(Debug, Clone, Copy)]
+struct Got {
+    kind: ev::Type,
+    status: i32,
+    ud: UdParam,
+}
+
+/// The socket's rdma_cm state, shared with its event thread.
+pub(super) struct Cm {
+    pub(super) channel: Arc<EventChannel>,
+    /// Bound and listening: peers resolve the socket through it. Held so
+    /// it lives as long as the socket.
+    _listen: CmId,
+    qpn: u32,
+    waiters: Mutex<HashMap<usize, Option<Got>>>,
+    cv: Condvar,
+    /// Groups' ids → their failed flag.
+    watched: Mutex<HashMap<usize, Arc<AtomicBool>>>,
+    stop: AtomicBool,
+}
+
+/// Unregisters a waiter when the wait ends, however it ends.
+struct Waiting<'a> {
+    cm: &'a Cm,
+    key: usize,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        lock(&self.cm.waiters).remove(&self.key);
+    }
+}
+
+fn verbs(call: &'static str, rc: i32) -> UdError {
+    UdError::verbs(call, errno_from_rc(rc))
+}
+
+impl Cm {
+    pub(super) fn new(channel: Arc<EventChannel>, listen: CmId, qpn: u32) -> Arc<Self> {
+        Arc::new(Self {
+            channel,
+            _listen: listen,
+            qpn,
+            waiters: Mutex::new(HashMap::new()),
+            cv: Condvar::new(),
+            watched: Mutex::new(HashMap::new()),
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    /// Run the event thread until [`stop`](Self::stop).
+    pub(super) fn spawn(cm: &Arc<Self>) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let cm = cm.clone();
+        std::thread::Builder::new().name("zerocast-ud-cm".into()).spawn(move || cm.run())
+    }
+
+    pub(super) fn stop(&self) {
+        self.stop.store(true, Relaxed);
+    }
+
+    fn run(&self) {
+        while !self.stop.load(Relaxed) {
+            let e = match self.channel.get(Some(Duration::from_millis(50))) {
+                Ok(Some(e)) => e,
+                Ok(None) => continue,
+                Err(err) => {
+                    tracing::warn!(error = %err, "UD rdma_cm event channel failed; no more peers can resolve this socket");
+                    return;
+                }
+            };
+            let kind = e.kind();
+            if kind == ev::RDMA_CM_EVENT_CONNECT_REQUEST {
+                let raw = e.id();
+                drop(e);
+                if let Some(raw) = NonNull::new(raw) {
+                    // SAFETY: the id of a connect request is ours to answer and destroy.
+                    let id = unsafe { CmId::from_raw(raw, &self.channel) };
+                    self.answer(&id);
+                }
+                continue;
+            }
+            let key = e.id() as usize;
+            let got = Got { kind, status: e.status(), ud: e.ud_param() };
+            drop(e);
+            if kind == ev::RDMA_CM_EVENT_MULTICAST_ERROR {
+                if let Some(flag) = lock(&self.watched).get(&key) {
+                    tracing::warn!(status = got.status, "multicast group failed (MULTICAST_ERROR)");
+                    flag.store(true, Relaxed);
+                }
+            }
+            let mut w = lock(&self.waiters);
+            match w.get_mut(&key) {
+                Some(slot) => {
+                    *slot = Some(got);
+                    self.cv.notify_all();
+                }
+                None => tracing::debug!(event = %event_name(kind), "UD rdma_cm event with no waiter"),
+            }
+        }
+    }
+
+    /// Answer a peer's resolution request with this socket's QPN (the Q_Key
+    /// is the UDP port space's).
+    fn answer(&self, id: &CmId) {
+        // SAFETY: all-zero is a valid `rdma_conn_param`.
+        let mut p: rdma_conn_param = unsafe { std::mem::zeroed() };
+        p.qp_num = self.qpn;
+        // SAFETY: live id of a pending request; `p` outlives the call.
+        let rc = unsafe { rdma_sys::rdma_accept(id.as_ptr(), &mut p) };
+        if rc != 0 {
+            tracing::debug!(error = %errno_from_rc(rc), "answering a UD resolution request failed");
+        }
+    }
+
+    fn register(&self, id: &CmId) -> Waiting<'_> {
+        let key = id.as_ptr() as usize;
+        lock(&self.waiters).insert(key, None);
+        Waiting { cm: self, key }
+    }
+
+    /// Wait for the next event of `w`'s id; it must be `want`.
+    fn expect(&self, w: &Waiting<'_>, want: ev::Type, deadline: Instant) -> Result<Got, String> {
+        let mut map = lock(&self.waiters);
+        loop {
+            if let Some(slot) = map.get_mut(&w.key) {
+                if let Some(got) = slot.take() {
+                    if got.kind == want {
+                        return Ok(got);
+                    }
+                    return Err(format!("{} (status {})", event_name(got.kind), got.status));
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!("no {} within the resolve timeout", event_name(want)));
+            }
+            map = self.cv.wait_timeout(map, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// Resolve `peer` from `local`: its QPN, Q_Key and address-handle attributes.
+    pub(super) fn resolve(
+        &self,
+        local: SocketAddr,
+        peer: SocketAddr,
+        timeout: Duration,
+    ) -> Result<UdParam, UdError> {
+        let deadline = Instant::now() + timeout;
+        let fail = |step, reason| UdError::Resolve { peer, step, reason };
+        let id = CmId::new_udp(&self.channel).map_err(|e| UdError::verbs("rdma_create_id", e))?;
+        let w = self.register(&id);
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        let src = CmId::sockaddr(SocketAddr::new(local.ip(), 0));
+        let dst = CmId::sockaddr(peer);
+        // SAFETY: live id; both sockaddrs are valid for the call.
+        let rc = unsafe {
+            rdma_sys::rdma_resolve_addr(id.as_ptr(), src.as_ptr() as *mut _, dst.as_ptr() as *mut _, ms)
+        };
+        if rc != 0 {
+            return Err(verbs("rdma_resolve_addr", rc));
+        }
+        self.expect(&w, ev::RDMA_CM_EVENT_ADDR_RESOLVED, deadline)
+            .map_err(|r| fail("resolving the address", r))?;
+        // SAFETY: live id with a resolved address.
+        let rc = unsafe { rdma_sys::rdma_resolve_route(id.as_ptr(), ms) };
+        if rc != 0 {
+            return Err(verbs("rdma_resolve_route", rc));
+        }
+        self.expect(&w, ev::RDMA_CM_EVENT_ROUTE_RESOLVED, deadline)
+            .map_err(|r| fail("resolving the route", r))?;
+        // SAFETY: all-zero is a valid `rdma_conn_param`.
+        let mut p: rdma_conn_param = unsafe { std::mem::zeroed() };
+        p.qp_num = self.qpn;
+        // SAFETY: live id with a resolved route; `p` outlives the call.
+        let rc = unsafe { rdma_sys::rdma_connect(id.as_ptr(), &mut p) };
+        if rc != 0 {
+            return Err(verbs("rdma_connect", rc));
+        }
+        let got = self
+            .expect(&w, ev::RDMA_CM_EVENT_ESTABLISHED, deadline)
+            .map_err(|r| fail("asking for its queue pair", r))?;
+        Ok(got.ud)
+    }
+
+    /// Join `group` from the interface at `local`, with an id of its own
+    /// (no QP on it: the caller attaches its QP, or only sends). Returns
+    /// the id, the group's parameters and its failed flag.
+    pub(super) fn join(
+        &self,
+        local: SocketAddr,
+        group: SocketAddr,
+        timeout: Duration,
+    ) -> Result<(CmId, UdParam, Arc<AtomicBool>), UdError> {
+        let deadline = Instant::now() + timeout;
+        let fail = |reason: String| UdError::Join { group: group.ip(), reason };
+        let id = CmId::new_udp(&self.channel).map_err(|e| UdError::verbs("rdma_create_id", e))?;
+        let w = self.register(&id);
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        let src = CmId::sockaddr(SocketAddr::new(local.ip(), 0));
+        let dst = CmId::sockaddr(group);
+        // SAFETY: live id; both sockaddrs are valid for the call.
+        let rc = unsafe {
+            rdma_sys::rdma_resolve_addr(id.as_ptr(), src.as_ptr() as *mut _, dst.as_ptr() as *mut _, ms)
+        };
+        if rc != 0 {
+            return Err(verbs("rdma_resolve_addr", rc));
+        }
+        self.expect(&w, ev::RDMA_CM_EVENT_ADDR_RESOLVED, deadline).map_err(fail)?;
+        let flag = Arc::new(AtomicBool::new(false));
+        lock(&self.watched).insert(id.as_ptr() as usize, flag.clone());
+        // SAFETY: live id with a resolved address; `dst` is valid for the call.
+        let rc =
+            unsafe { rdma_sys::rdma_join_multicast(id.as_ptr(), dst.as_ptr() as *mut _, ptr::null_mut()) };
+        if rc != 0 {
+            lock(&self.watched).remove(&(id.as_ptr() as usize));
+            return Err(verbs("rdma_join_multicast", rc));
+        }
+        match self.expect(&w, ev::RDMA_CM_EVENT_MULTICAST_JOIN, deadline) {
+            Ok(got) => Ok((id, got.ud, flag)),
+            Err(reason) => {
+                self.leave(&id, group);
+                Err(fail(reason))
+            }
+        }
+    }
+
+    /// Leave `group` on the id that joined it (the id is destroyed by the caller).
+    pub(super) fn leave(&self, id: &CmId, group: SocketAddr) {
+        lock(&self.watched).remove(&(id.as_ptr() as usize));
+        let dst = CmId::sockaddr(group);
+        // SAFETY: live id that joined `group`; `dst` is valid for the call.
+        let rc = unsafe { rdma_sys::rdma_leave_multicast(id.as_ptr(), dst.as_ptr() as *mut _) };
+        if rc != 0 {
+            tracing::debug!(%group, error = %errno_from_rc(rc), "rdma_leave_multicast failed");
+        }
+    }
+}

@@ -1,0 +1,645 @@
+//! [`UdSocket`]: the datagram API over a UD queue pair.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, TryLockError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rdma_sys::{ibv_gid, ibv_wc};
+use zerocast_core::{
+    Caps, ConnError, Datagram, Endpoint, RecvError, Scheme, SeqStats, SeqTracker, HEADER_LEN,
+};
+use zerocast_mem::{Buf, Pool, PoolError, Wait};
+
+use super::cm::Cm;
+use super::datagram::{self, grh_source, UdDatagram, GRH_LEN};
+use super::io::{lock, Io, Route, Sizes};
+use super::{UdConfig, UdError, UdTransport, RDMA_UDP_QKEY};
+use crate::cm::{context_name, CmId, EventChannel};
+use crate::error::errno_from_rc;
+use crate::verbs::AddressHandle;
+
+/// A snapshot of a socket's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct UdStats {
+    /// Datagrams posted.
+    pub sent: u64,
+    /// Sends the device completed with an error.
+    pub send_errors: u64,
+    /// Well-formed datagrams handed to the user.
+    pub received: u64,
+    /// Datagrams dropped because they were not zerocast datagrams.
+    pub dropped_malformed: u64,
+    /// Receives the device completed with an error.
+    pub recv_errors: u64,
+}
+
+/// Where datagrams to one destination go, and their next sequence number.
+struct Dest {
+    ah: Arc<AddressHandle>,
+    qpn: u32,
+    qkey: u32,
+    seq: u32,
+}
+
+/// A group this socket joined (or only sends to).
+struct Group {
+    id: CmId,
+    addr: SocketAddr,
+    mgid: ibv_gid,
+    mlid: u16,
+    /// The QP is attached: this socket receives the group.
+    attached: bool,
+    failed: Arc<AtomicBool>,
+}
+
+/// An RDMA UD socket: sends and receives datagrams in registered pool buffers.
+///
+/// Every method takes `&self`: threads may send and receive at once;
+/// concurrent receivers take turns. **Datagrams are unreliable and
+/// unordered**: see the [module docs](super).
+pub struct UdSocket {
+    io: Arc<Io>,
+    cm: Arc<Cm>,
+    thread: Option<JoinHandle<()>>,
+    local: SocketAddr,
+    mtu: u32,
+    max_datagram: usize,
+    max_groups: u32,
+    cfg: UdConfig,
+    dests: Mutex<HashMap<SocketAddr, Dest>>,
+    groups: Mutex<HashMap<IpAddr, Group>>,
+    sources: Mutex<HashMap<SocketAddr, SeqTracker>>,
+    _transport: UdTransport,
+}
+
+fn bad(ep: &Endpoint, reason: impl Into<String>) -> UdError {
+    UdError::BadEndpoint { endpoint: ep.to_string(), reason: reason.into() }
+}
+
+/// The concrete IP of `host`.
+fn host_ip(ep: &Endpoint, host: &str) -> Result<IpAddr, UdError> {
+    let ip = match host.parse::<IpAddr>() {
+        Ok(ip) => ip,
+        Err(_) => (host, 0)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .map(|a| a.ip())
+            .ok_or_else(|| bad(ep, format!("cannot resolve `{host}`")))?,
+    };
+    if ip.is_unspecified() || ip.is_multicast() {
+        return Err(bad(ep, format!("{ip} is not an interface address; name the RDMA interface's address")));
+    }
+    Ok(ip)
+}
+
+fn check_dev(t: &UdTransport, ep: &Endpoint) -> Result<(), UdError> {
+    match ep.param("dev") {
+        Some(d) if d != t.device().name() => {
+            Err(bad(ep, format!("asks for device `{d}` but this transport uses `{}`", t.device().name())))
+        }
+        _ => Ok(()),
+    }
+}
+
+pub(super) fn bind(t: &UdTransport, ep: &Endpoint, cfg: UdConfig) -> Result<UdSocket, UdError> {
+    if ep.scheme() != Scheme::Ud {
+        return Err(bad(ep, format!("binds ud://host:port, not {}://", ep.scheme())));
+    }
+    check_dev(t, ep)?;
+    let ip = match ep.param("iface") {
+        Some(i) => host_ip(ep, i)?,
+        None => host_ip(ep, ep.host())?,
+    };
+    let port = ep.port().ok_or_else(|| bad(ep, "no port; write ud://host:port (0 picks one)"))?;
+    UdSocket::open(t, SocketAddr::new(ip, port), cfg)
+}
+
+pub(super) fn multicast(t: &UdTransport, ep: &Endpoint, cfg: UdConfig) -> Result<UdSocket, UdError> {
+    if ep.scheme() != Scheme::Mcast {
+        return Err(bad(ep, format!("joins mcast://group:port?iface=addr, not {}://", ep.scheme())));
+    }
+    check_dev(t, ep)?;
+    let group: IpAddr = ep.host().parse().map_err(|_| bad(ep, "the group must be an IP address"))?;
+    if !group.is_multicast() {
+        return Err(bad(ep, format!("{group} is not a multicast group; use 239.0.0.0/8 locally")));
+    }
+    let iface = ep
+        .param("iface")
+        .ok_or_else(|| bad(ep, "RDMA multicast needs `?iface=addr`, the RDMA interface's address"))?;
+    let ip = host_ip(ep, iface)?;
+    let sock = UdSocket::open(t, SocketAddr::new(ip, 0), cfg)?;
+    sock.join(&SocketAddr::new(group, ep.port().unwrap_or(0)))?;
+    Ok(sock)
+}
+
+/// How a receive waits.
+#[derive(Clone, Copy)]
+enum Mode {
+    Block(Option<Instant>),
+    Try,
+}
+
+/// Destinations are keyed by address; a group by its IP alone.
+fn dest_key(to: &SocketAddr) -> SocketAddr {
+    if to.ip().is_multicast() {
+        SocketAddr::new(to.ip(), 0)
+    } else {
+        *to
+    }
+}
+
+impl UdSocket {
+    fn open(t: &UdTransport, addr: SocketAddr, cfg: UdConfig) -> Result<UdSocket, UdError> {
+        let device = t.device();
+        cfg.validate(device.context().attr().max_qp_wr)?;
+        let channel = EventChannel::new().map_err(|e| UdError::verbs("rdma_create_event_channel", e))?;
+        let listen = CmId::new_udp(&channel).map_err(|e| UdError::verbs("rdma_create_id", e))?;
+        let sa = CmId::sockaddr(addr);
+        // SAFETY: live id; `sa` is valid for the call.
+        let rc = unsafe { rdma_sys::rdma_bind_addr(listen.as_ptr(), sa.as_ptr() as *mut _) };
+        if rc != 0 {
+            return Err(UdError::Bind { addr, source: errno_from_rc(rc) });
+        }
+        let verbs = listen.verbs();
+        if verbs != device.context().as_ptr() {
+            let found = if verbs.is_null() {
+                "none".to_owned()
+            } else {
+                // SAFETY: a bound id's context is open (owned by librdmacm).
+                unsafe { context_name(verbs) }
+            };
+            return Err(UdError::WrongDevice { addr, device: device.name().to_owned(), found });
+        }
+        // SAFETY: bound id.
+        let rc = unsafe { rdma_sys::rdma_listen(listen.as_ptr(), 64) };
+        if rc != 0 {
+            return Err(UdError::verbs("rdma_listen", errno_from_rc(rc)));
+        }
+        let local = SocketAddr::new(addr.ip(), listen.src_port());
+        let port = device.port_attr().map_err(UdError::Device)?;
+        let mtu = port.active_mtu;
+        let header = if cfg.raw { 0 } else { HEADER_LEN };
+        let max_datagram = (mtu as usize).saturating_sub(header);
+        let sizes = Sizes {
+            recv_depth: cfg.recv_depth as usize,
+            send_depth: cfg.send_depth as usize,
+            rx_len: GRH_LEN + mtu as usize,
+        };
+        let io = Io::new(&t.inner.pd, device.port(), RDMA_UDP_QKEY, t.pool().clone(), sizes)?;
+        let cm = Cm::new(channel, listen, io.qp.qp_num());
+        let thread = Cm::spawn(&cm).map_err(|e| UdError::verbs("spawning the rdma_cm thread", e))?;
+        tracing::debug!(%local, device = device.name(), mtu, max_datagram, raw = cfg.raw, qpn = io.qp.qp_num(), "ud socket open");
+        Ok(UdSocket {
+            io,
+            cm,
+            thread: Some(thread),
+            local,
+            mtu,
+            max_datagram,
+            max_groups: {
+                let dev = device.context().attr().max_mcast_grp;
+                cfg.max_groups.map_or(dev, |n| n.min(dev))
+            },
+            cfg,
+            dests: Mutex::new(HashMap::new()),
+            groups: Mutex::new(HashMap::new()),
+            sources: Mutex::new(HashMap::new()),
+            _transport: t.clone(),
+        })
+    }
+
+    /// A send buffer of `len` payload bytes from the registered pool,
+    /// waiting for one until `deadline` if the pool is at its cap. The
+    /// length is checked against [`max_datagram`](Self::max_datagram) at the send.
+    pub fn alloc(&self, len: usize, deadline: Option<Instant>) -> Result<Buf, PoolError> {
+        self.io.pool.alloc(len, wait_until(deadline))
+    }
+
+    /// Send `buf` as one datagram to `to`, a peer socket (`ip:port`) or a
+    /// group. The first send to a peer resolves it through rdma_cm (and may
+    /// take as long as [`UdConfig::resolve_timeout`]); the first send to a
+    /// group this socket has not joined makes a send-only join.
+    ///
+    /// On error the buffer is handed back and nothing was posted:
+    /// [`UdError::TooLarge`] above [`max_datagram`](Self::max_datagram),
+    /// [`UdError::Resolve`], [`UdError::GroupFailed`],
+    /// [`UdError::SendQueueFull`], or a verbs error. Success means the
+    /// datagram was posted, not that it arrives.
+    pub fn send_to(&self, buf: Buf, to: &SocketAddr) -> Result<(), (Buf, UdError)> {
+        let len = buf.len();
+        if len > self.max_datagram {
+            return Err((buf, UdError::TooLarge { len, max: self.max_datagram, mtu: self.mtu }));
+        }
+        if to.ip().is_multicast() {
+            if let Some(g) = lock(&self.groups).get(&to.ip()) {
+                if g.failed.load(Relaxed) {
+                    return Err((buf, UdError::GroupFailed { group: to.ip() }));
+                }
+            }
+        }
+        let key = dest_key(to);
+        let mut dests = lock(&self.dests);
+        if !dests.contains_key(&key) {
+            drop(dests);
+            if let Err(e) = self.add_route(to) {
+                return Err((buf, e));
+            }
+            dests = lock(&self.dests);
+        }
+        let Some(d) = dests.get_mut(&key) else {
+            return Err((buf, UdError::Failed(format!("the route to {to} vanished"))));
+        };
+        let seq = d.seq;
+        d.seq = d.seq.wrapping_add(1);
+        let ah = d.ah.clone();
+        let (qpn, qkey) = (d.qpn, d.qkey);
+        drop(dests);
+        let header = (!self.cfg.raw).then(|| datagram::header(seq, len, self.local.port()));
+        let deadline = Instant::now() + self.cfg.send_timeout;
+        self.io.send(buf, header, &Route { ah: &ah, qpn, qkey }, deadline).map_err(|(b, e)| match e {
+            UdError::SendQueueFull(_) => (b, UdError::SendQueueFull(self.cfg.send_timeout)),
+            e => (b, e),
+        })
+    }
+
+    /// Resolve `to` and cache its route.
+    fn add_route(&self, to: &SocketAddr) -> Result<(), UdError> {
+        if to.ip().is_multicast() {
+            return self.membership(to, false);
+        }
+        let p = self.cm.resolve(self.local, *to, self.cfg.resolve_timeout)?;
+        let ah =
+            AddressHandle::new(&self.io.pd, &p.ah_attr).map_err(|e| UdError::verbs("ibv_create_ah", e))?;
+        tracing::debug!(peer = %to, qpn = p.qpn, "ud peer resolved");
+        lock(&self.dests).entry(*to).or_insert(Dest { ah: Arc::new(ah), qpn: p.qpn, qkey: p.qkey, seq: 0 });
+        Ok(())
+    }
+
+    /// Join `group` (its port is ignored: RDMA multicast has none) and
+    /// receive what is sent to it. Joining a group this socket is in
+    /// already does nothing; joining one that failed joins it again.
+    ///
+    /// # Errors
+    ///
+    /// [`UdError::NotMulticast`], [`UdError::TooManyGroups`] at the
+    /// device's `max_mcast_grp`, [`UdError::Join`] when rdma_cm or the
+    /// attach refuses.
+    pub fn join(&self, group: &SocketAddr) -> Result<(), UdError> {
+        self.membership(group, true)
+    }
+
+    /// Join (`attach`: receive too) or make a send-only route to `group`.
+    fn membership(&self, group: &SocketAddr, attach: bool) -> Result<(), UdError> {
+        let ip = group.ip();
+        if !ip.is_multicast() {
+            return Err(UdError::NotMulticast(ip));
+        }
+        let mut groups = lock(&self.groups);
+        if let Some(g) = groups.get_mut(&ip) {
+            if !g.failed.load(Relaxed) {
+                if attach && !g.attached {
+                    self.io
+                        .qp
+                        .attach_mcast(&g.mgid, g.mlid)
+                        .map_err(|e| UdError::Join { group: ip, reason: format!("ibv_attach_mcast: {e}") })?;
+                    g.attached = true;
+                }
+                return Ok(());
+            }
+            let old = groups.remove(&ip).expect("present");
+            self.drop_group(old);
+        }
+        let attached = groups.values().filter(|g| g.attached).count();
+        if attach && attached >= self.max_groups as usize {
+            return Err(UdError::TooManyGroups { joined: attached, max: self.max_groups });
+        }
+        let addr = SocketAddr::new(ip, group.port());
+        let (id, p, failed) = self.cm.join(self.local, addr, self.cfg.resolve_timeout)?;
+        let mgid = p.ah_attr.grh.dgid;
+        let mlid = p.ah_attr.dlid;
+        let ah = match AddressHandle::new(&self.io.pd, &p.ah_attr) {
+            Ok(ah) => ah,
+            Err(e) => {
+                self.cm.leave(&id, addr);
+                return Err(UdError::Join { group: ip, reason: format!("ibv_create_ah: {e}") });
+            }
+        };
+        if attach {
+            if let Err(e) = self.io.qp.attach_mcast(&mgid, mlid) {
+                self.cm.leave(&id, addr);
+                return Err(UdError::Join { group: ip, reason: format!("ibv_attach_mcast: {e}") });
+            }
+        }
+        lock(&self.dests)
+            .insert(dest_key(group), Dest { ah: Arc::new(ah), qpn: p.qpn, qkey: p.qkey, seq: 0 });
+        tracing::debug!(local = %self.local, group = %ip, attach, qkey = p.qkey, "ud multicast joined");
+        groups.insert(ip, Group { id, addr, mgid, mlid, attached: attach, failed });
+        Ok(())
+    }
+
+    /// Detach from and leave a group's membership.
+    fn drop_group(&self, g: Group) {
+        if g.attached {
+            if let Err(e) = self.io.qp.detach_mcast(&g.mgid, g.mlid) {
+                tracing::debug!(group = %g.addr, error = %e, "ibv_detach_mcast failed");
+            }
+        }
+        self.cm.leave(&g.id, g.addr);
+        lock(&self.dests).remove(&dest_key(&g.addr));
+    }
+
+    /// Leave `group`: detach the QP and leave through rdma_cm. Datagrams
+    /// to it stop arriving (some already received may still be returned).
+    pub fn leave(&self, group: &SocketAddr) -> Result<(), UdError> {
+        let ip = group.ip();
+        if !ip.is_multicast() {
+            return Err(UdError::NotMulticast(ip));
+        }
+        let mut groups = lock(&self.groups);
+        match groups.get(&ip) {
+            Some(g) if g.attached => {}
+            _ => return Err(UdError::NotMember { group: ip }),
+        }
+        let g = groups.remove(&ip).expect("present");
+        self.drop_group(g);
+        tracing::debug!(local = %self.local, group = %ip, "ud multicast left");
+        Ok(())
+    }
+
+    /// Groups whose membership failed (MULTICAST_ERROR) since they were
+    /// joined; [`join`](Self::join) each again to recover.
+    pub fn failed_groups(&self) -> Vec<IpAddr> {
+        lock(&self.groups).iter().filter(|(_, g)| g.failed.load(Relaxed)).map(|(ip, _)| *ip).collect()
+    }
+
+    /// The groups this socket receives.
+    pub fn groups(&self) -> Vec<IpAddr> {
+        lock(&self.groups).iter().filter(|(_, g)| g.attached).map(|(ip, _)| *ip).collect()
+    }
+
+    /// Receive one datagram and its source, waiting until `deadline`
+    /// (`None`: forever). Malformed datagrams are dropped and counted on
+    /// the way.
+    ///
+    /// # Errors
+    ///
+    /// [`RecvError::Timeout`] when the deadline passes (also while another
+    /// thread is receiving); [`RecvError::Failed`] on a verbs error.
+    pub fn recv_from(&self, deadline: Option<Instant>) -> Result<(UdDatagram, SocketAddr), RecvError> {
+        self.recv(Mode::Block(deadline))
+    }
+
+    /// Receive a datagram if one has arrived, else [`RecvError::Empty`]
+    /// (also while another thread is receiving).
+    pub fn try_recv_from(&self) -> Result<(UdDatagram, SocketAddr), RecvError> {
+        self.recv(Mode::Try)
+    }
+
+    fn recv(&self, mode: Mode) -> Result<(UdDatagram, SocketAddr), RecvError> {
+        let failed = |e: UdError| RecvError::Failed(ConnError::transport(e));
+        let _turn = loop {
+            match self.io.rx_turn.try_lock() {
+                Ok(g) => break g,
+                Err(TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(TryLockError::WouldBlock) => match mode {
+                    Mode::Try => return Err(RecvError::Empty),
+                    Mode::Block(d) => {
+                        if d.is_some_and(|d| Instant::now() >= d) {
+                            return Err(RecvError::Timeout);
+                        }
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                },
+            }
+        };
+        let mut wc = MaybeUninit::<ibv_wc>::uninit();
+        let mut armed = false;
+        loop {
+            if let Some(buf) = self.io.poll_recv(&mut wc).map_err(failed)? {
+                armed = false;
+                // SAFETY: `poll_recv` returned a buffer, so it wrote `wc`.
+                let w = unsafe { wc.assume_init_ref() };
+                if let Some(r) = self.accept(buf, w) {
+                    return Ok(r);
+                }
+                continue;
+            }
+            let Mode::Block(deadline) = mode else { return Err(RecvError::Empty) };
+            if !armed {
+                // Arm, then poll once more: a completion that came before
+                // the arm is found by that poll, one after it wakes the wait.
+                self.io.arm_recv().map_err(failed)?;
+                armed = true;
+                continue;
+            }
+            let ms = match deadline {
+                None => 100,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(RecvError::Timeout);
+                    }
+                    left.as_millis().clamp(1, 100) as i32
+                }
+            };
+            self.io.wait_recv(ms).map_err(failed)?;
+            armed = false;
+        }
+    }
+
+    /// Turn a received buffer into a datagram and its source, or drop it.
+    fn accept(&self, buf: Buf, wc: &ibv_wc) -> Option<(UdDatagram, SocketAddr)> {
+        let c = &self.io.counters;
+        let mut grh = [0u8; GRH_LEN];
+        let ip = match buf.get(..GRH_LEN) {
+            Some(g) => {
+                grh.copy_from_slice(g);
+                grh_source(&grh)
+            }
+            None => None,
+        };
+        let Some(ip) = ip else {
+            c.dropped_malformed.fetch_add(1, Relaxed);
+            tracing::debug!(len = buf.len(), "dropped UD datagram without a usable GRH");
+            self.io.repost(buf);
+            return None;
+        };
+        if self.cfg.raw {
+            c.received.fetch_add(1, Relaxed);
+            let from = SocketAddr::new(ip, 0);
+            return Some((UdDatagram::new(buf, GRH_LEN, 0, self.io.clone()), from));
+        }
+        let h = match datagram::check(&buf[GRH_LEN..], self.max_datagram) {
+            Ok(h) => h,
+            Err(why) => {
+                c.dropped_malformed.fetch_add(1, Relaxed);
+                tracing::debug!(%ip, len = buf.len(), %why, "dropped malformed UD datagram");
+                self.io.repost(buf);
+                return None;
+            }
+        };
+        let from = SocketAddr::new(ip, h.credits);
+        lock(&self.sources).entry(from).or_default().on_arrival(h.seq);
+        self.learn_route(from, wc, &grh);
+        c.received.fetch_add(1, Relaxed);
+        Some((UdDatagram::new(buf, GRH_LEN + HEADER_LEN, h.seq, self.io.clone()), from))
+    }
+
+    /// Cache a route back to `from` built from its completion and GRH, so a
+    /// reply needs no resolution. A new QPN at the same address (a new
+    /// socket there) replaces the route and restarts its numbering.
+    fn learn_route(&self, from: SocketAddr, wc: &ibv_wc, grh: &[u8; GRH_LEN]) {
+        if from.port() == 0 {
+            return;
+        }
+        let mut dests = lock(&self.dests);
+        if dests.get(&from).is_some_and(|d| d.qpn == wc.src_qp) {
+            return;
+        }
+        match AddressHandle::from_wc(&self.io.pd, wc, grh, self.io.port) {
+            Ok(ah) => {
+                dests.insert(from, Dest { ah: Arc::new(ah), qpn: wc.src_qp, qkey: RDMA_UDP_QKEY, seq: 0 });
+            }
+            Err(e) => tracing::debug!(%from, error = %e, "cannot build a reply route from a UD completion"),
+        }
+    }
+
+    /// Wait until every datagram posted so far has completed at this end
+    /// (its buffer back in the pool), or until `timeout`. Returns whether
+    /// they all did.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        self.io.flush(Instant::now() + timeout)
+    }
+
+    /// Largest payload a datagram may carry: the active MTU less the
+    /// 16-byte header (the whole MTU in raw mode).
+    pub fn max_datagram(&self) -> usize {
+        self.max_datagram
+    }
+
+    /// The port's active MTU in bytes.
+    pub fn mtu(&self) -> u32 {
+        self.mtu
+    }
+
+    /// The bound address: the interface's IP and the rdma_cm port peers
+    /// resolve this socket at.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The queue pair number.
+    pub fn qp_num(&self) -> u32 {
+        self.io.qp.qp_num()
+    }
+
+    /// The registered pool buffers come from.
+    pub fn pool(&self) -> &Pool {
+        &self.io.pool
+    }
+
+    /// Whether the socket sends and receives bare payloads.
+    pub fn is_raw(&self) -> bool {
+        self.cfg.raw
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> UdStats {
+        let c = &self.io.counters;
+        UdStats {
+            sent: c.sent.load(Relaxed),
+            send_errors: c.send_errors.load(Relaxed),
+            received: c.received.load(Relaxed),
+            dropped_malformed: c.dropped_malformed.load(Relaxed),
+            recv_errors: c.recv_errors.load(Relaxed),
+        }
+    }
+
+    /// Received, lost and reordered counts of datagrams from `from`.
+    pub fn source_stats(&self, from: &SocketAddr) -> Option<SeqStats> {
+        lock(&self.sources).get(from).map(SeqTracker::stats)
+    }
+
+    /// Every source seen, with its counts.
+    pub fn sources(&self) -> Vec<(SocketAddr, SeqStats)> {
+        lock(&self.sources).iter().map(|(a, t)| (*a, t.stats())).collect()
+    }
+}
+
+impl Drop for UdSocket {
+    fn drop(&mut self) {
+        self.io.close();
+        self.cm.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let groups: Vec<Group> = lock(&self.groups).drain().map(|(_, g)| g).collect();
+        for g in groups {
+            self.drop_group(g);
+        }
+        tracing::debug!(local = %self.local, stats = ?self.stats(), "ud socket closed");
+    }
+}
+
+fn wait_until(deadline: Option<Instant>) -> Wait {
+    match deadline {
+        None => Wait::Forever,
+        Some(d) => Wait::For(d.saturating_duration_since(Instant::now())),
+    }
+}
+
+impl fmt::Debug for UdSocket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UdSocket")
+            .field("local", &self.local)
+            .field("qpn", &self.qp_num())
+            .field("max_datagram", &self.max_datagram)
+            .field("raw", &self.cfg.raw)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Datagram for UdSocket {
+    const CAPS: Caps = Caps::DATAGRAM;
+    type TxBuf = Buf;
+    type RxBuf = UdDatagram;
+    type Addr = SocketAddr;
+    type AllocError = PoolError;
+    type Error = UdError;
+
+    fn alloc(&self, len: usize, deadline: Option<Instant>) -> Result<Buf, PoolError> {
+        UdSocket::alloc(self, len, deadline)
+    }
+
+    fn send_to(&self, buf: Buf, to: &SocketAddr) -> Result<(), (Buf, UdError)> {
+        UdSocket::send_to(self, buf, to)
+    }
+
+    fn recv_from(&self, deadline: Option<Instant>) -> Result<(UdDatagram, SocketAddr), RecvError> {
+        UdSocket::recv_from(self, deadline)
+    }
+
+    fn join(&self, group: &SocketAddr) -> Result<(), UdError> {
+        UdSocket::join(self, group)
+    }
+
+    fn leave(&self, group: &SocketAddr) -> Result<(), UdError> {
+        UdSocket::leave(self, group)
+    }
+
+    fn max_datagram(&self) -> usize {
+        self.max_datagram
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+}

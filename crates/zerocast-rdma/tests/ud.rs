@@ -1,0 +1,265 @@
+//! RDMA UD and multicast sockets against a real verbs device: resolution,
+//! replies, the MTU limit, group membership, loss accounting and interop
+//! with rdma-core's `mckey`.
+//!
+//! Ignored on a plain `cargo test`; `scripts/test` runs them inside the
+//! Soft-RoCE guest, serially.
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use zerocast_core::{Endpoint, RecvError};
+use zerocast_mem::PoolConfig;
+use zerocast_rdma::ud::{UdConfig, UdError, UdSocket, UdTransport};
+
+fn addr() -> String {
+    std::env::var("ZEROCAST_RDMA_ADDR").unwrap_or_else(|_| "10.0.2.15".to_owned())
+}
+
+fn transport() -> UdTransport {
+    UdTransport::new(UdConfig::default(), PoolConfig::default().with_max_bytes(64 << 20))
+        .expect("UD transport")
+}
+
+fn ep(s: &str) -> Endpoint {
+    Endpoint::parse(s).expect("endpoint")
+}
+
+fn bind(t: &UdTransport) -> UdSocket {
+    t.bind(&ep(&format!("ud://{}:0", addr()))).expect("bind")
+}
+
+fn send(s: &UdSocket, to: &SocketAddr, bytes: &[u8]) {
+    let mut b = s.alloc(bytes.len(), None).expect("alloc");
+    b.copy_from_slice(bytes);
+    s.send_to(b, to).map_err(|(_, e)| e).expect("send");
+}
+
+fn soon() -> Option<Instant> {
+    Some(Instant::now() + Duration::from_secs(10))
+}
+
+/// A group for this test and process.
+fn group(n: u8) -> SocketAddr {
+    format!("239.{}.{}.{n}:7000", 100 + std::process::id() % 100, std::process::id() % 250).parse().unwrap()
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn unicast_roundtrip_and_reply() {
+    let t = transport();
+    let (a, b) = (bind(&t), bind(&t));
+    assert!(a.max_datagram() > 0 && a.max_datagram() == a.mtu() as usize - 16);
+    send(&a, &b.local_addr(), b"over UD");
+    let (d, from) = b.recv_from(soon()).expect("b receives");
+    assert_eq!((&*d, d.seq(), from), (&b"over UD"[..], 0, a.local_addr()));
+    drop(d);
+    // The reply goes to the source the receive reported, without resolving.
+    send(&b, &from, b"reply");
+    let (d, from_b) = a.recv_from(soon()).expect("a receives the reply");
+    assert_eq!((&*d, from_b), (&b"reply"[..], b.local_addr()));
+    assert_eq!(b.source_stats(&a.local_addr()).map(|s| (s.received, s.lost)), Some((1, 0)));
+    drop(d);
+    assert!(a.flush(Duration::from_secs(5)) && b.flush(Duration::from_secs(5)));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn oversized_send_is_refused_before_posting() {
+    let t = transport();
+    let (a, b) = (bind(&t), bind(&t));
+    let max = a.max_datagram();
+    let buf = a.alloc(max + 1, None).expect("alloc");
+    let (back, err) = a.send_to(buf, &b.local_addr()).expect_err("too large");
+    assert_eq!(back.len(), max + 1, "the buffer comes back");
+    assert!(matches!(err, UdError::TooLarge { len, max: m, .. } if len == max + 1 && m == max), "{err}");
+    assert_eq!(a.stats().sent, 0, "nothing was posted");
+    // Exactly the limit goes through.
+    send(&a, &b.local_addr(), &vec![7u8; max]);
+    let (d, _) = b.recv_from(soon()).expect("max-size datagram");
+    assert!(d.len() == max && d.iter().all(|&x| x == 7));
+    assert!(matches!(b.try_recv_from(), Err(RecvError::Empty)));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn multicast_members_receive_and_leave_stops_delivery() {
+    let t = transport();
+    let g = group(1);
+    let uri = format!("mcast://{}?iface={}", g, addr());
+    let m1 = t.multicast(&ep(&uri)).expect("member 1");
+    let m2 = t.multicast(&ep(&uri)).expect("member 2");
+    let sender = bind(&t);
+    send(&sender, &g, b"one");
+    for m in [&m1, &m2] {
+        let (d, from) = m.recv_from(soon()).expect("member receives");
+        assert_eq!((&*d, from), (&b"one"[..], sender.local_addr()));
+    }
+    m2.leave(&g).expect("leave");
+    assert!(matches!(m2.leave(&g), Err(UdError::NotMember { .. })));
+    send(&sender, &g, b"two");
+    assert_eq!(&*m1.recv_from(soon()).expect("m1 still receives").0, b"two");
+    assert!(matches!(
+        m2.recv_from(Some(Instant::now() + Duration::from_millis(500))),
+        Err(RecvError::Timeout)
+    ));
+    m2.join(&g).expect("rejoin");
+    send(&sender, &g, b"three");
+    assert_eq!(&*m2.recv_from(soon()).expect("m2 receives again").0, b"three");
+    assert_eq!(&*m1.recv_from(soon()).expect("m1").0, b"three");
+    let s = m2.source_stats(&sender.local_addr()).expect("stats");
+    assert_eq!((s.received, s.lost), (2, 1), "the datagram sent while m2 was out reads as lost");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn overrun_receiver_counts_every_loss_and_nothing_hangs() {
+    const DEPTH: u32 = 32;
+    const BURST: usize = 300;
+    let t = transport();
+    let rx = t
+        .bind_with(&ep(&format!("ud://{}:0", addr())), UdConfig::default().with_recv_depth(DEPTH))
+        .expect("rx");
+    let tx = bind(&t);
+    // The receiver does not receive (so nothing is reposted) while a burst
+    // far larger than its receive queue arrives.
+    for i in 0..BURST {
+        send(&tx, &rx.local_addr(), &(i as u32).to_le_bytes());
+    }
+    assert!(tx.flush(Duration::from_secs(10)));
+    let mut got = 0u64;
+    while let Ok((d, _)) = rx.recv_from(Some(Instant::now() + Duration::from_millis(300))) {
+        assert_eq!(u32::from_le_bytes(d[..4].try_into().unwrap()), d.seq(), "payload matches its number");
+        got += 1;
+    }
+    assert!(got >= 1 && got <= u64::from(DEPTH), "the queue held at most {DEPTH}, got {got}");
+    // A last datagram after the drain closes the span.
+    send(&tx, &rx.local_addr(), &(BURST as u32).to_le_bytes());
+    rx.recv_from(soon()).expect("the last datagram");
+    got += 1;
+    let s = rx.source_stats(&tx.local_addr()).expect("stats");
+    let sent = BURST as u64 + 1;
+    assert_eq!((s.received, s.lost, s.reordered), (got, sent - got, 0), "{s:?}");
+    assert_eq!(tx.stats().sent, sent);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn one_socket_joins_several_groups_up_to_its_limit() {
+    let t = transport();
+    let cfg = UdConfig::default().with_max_groups(3);
+    let m = t.bind_with(&ep(&format!("ud://{}:0", addr())), cfg).expect("member");
+    let sender = bind(&t);
+    let groups: Vec<SocketAddr> = (10..14).map(group).collect();
+    for g in &groups[..3] {
+        m.join(g).expect("join");
+    }
+    let err = m.join(&groups[3]).expect_err("over the limit");
+    assert!(matches!(err, UdError::TooManyGroups { joined: 3, max: 3 }), "{err}");
+    for (i, g) in groups[..3].iter().enumerate() {
+        send(&sender, g, &[i as u8]);
+        let (d, from) = m.recv_from(soon()).expect("group datagram");
+        assert_eq!((&*d, from), (&[i as u8][..], sender.local_addr()));
+    }
+    m.leave(&groups[0]).expect("leave");
+    m.join(&groups[3]).expect("room again");
+    send(&sender, &groups[3], b"g3");
+    assert_eq!(&*m.recv_from(soon()).expect("fourth group").0, b"g3");
+    let mut joined = m.groups();
+    joined.sort();
+    let mut want: Vec<_> = groups[1..].iter().map(|g| g.ip()).collect();
+    want.sort();
+    assert_eq!(joined, want);
+}
+
+/// Run `mckey` with `args`; its output lines arrive on the returned channel.
+fn mckey(args: &[&str]) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead;
+    let mut child = Command::new("stdbuf")
+        .args(["-oL", "mckey"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mckey (rdma-core's librdmacm-utils) runs");
+    let (tx, rx) = std::sync::mpsc::channel();
+    for out in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                println!("mckey: {line}");
+                let _ = tx.send(line);
+            }
+        });
+    }
+    (child, rx)
+}
+
+fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            return st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("mckey did not finish within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn raw_receiver_counts_every_mckey_datagram() {
+    const COUNT: usize = 100;
+    let t = transport();
+    let g = group(20);
+    let uri = format!("mcast://{}?iface={}", g, addr());
+    let rx = t.multicast_with(&ep(&uri), UdConfig::default().with_raw(true)).expect("raw member");
+    let ip = g.ip().to_string();
+    let (mut child, _lines) = mckey(&["-m", &ip, "-b", &addr(), "-s", "-C", &COUNT.to_string(), "-S", "100"]);
+    let mut got = 0;
+    while got < COUNT {
+        let (d, from) = rx.recv_from(Some(Instant::now() + Duration::from_secs(20))).expect("mckey datagram");
+        assert_eq!((d.len(), from.ip().to_string(), from.port()), (100, addr(), 0));
+        got += 1;
+    }
+    assert!(wait_exit(&mut child, Duration::from_secs(30)).success());
+    assert_eq!(rx.stats().received, COUNT as u64);
+    assert_eq!(rx.stats().dropped_malformed, 0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn raw_sender_reaches_mckey_receiver() {
+    const COUNT: usize = 50;
+    let t = transport();
+    let g = group(21);
+    let ip = g.ip().to_string();
+    let (mut child, lines) = mckey(&["-m", &ip, "-b", &addr(), "-C", &COUNT.to_string(), "-S", "100"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(l) if l.contains("receiving data") => break,
+            Ok(_) => {}
+            Err(e) => panic!("mckey receiver did not join: {e}"),
+        }
+    }
+    let tx =
+        t.bind_with(&ep(&format!("ud://{}:0", addr())), UdConfig::default().with_raw(true)).expect("raw");
+    assert_eq!(tx.max_datagram(), tx.mtu() as usize, "raw datagrams have no header");
+    for i in 0..COUNT {
+        send(&tx, &g, &[i as u8; 100]);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let st = wait_exit(&mut child, Duration::from_secs(30));
+    let out: Vec<String> = lines.try_iter().collect();
+    assert!(st.success(), "mckey receiver failed: {out:?}");
+    assert!(out.iter().any(|l| l.contains("data transfers complete")), "{out:?}");
+}

@@ -205,9 +205,11 @@ impl Io {
     }
 
     fn fresh_buf(&self) -> Result<Buf, RcError> {
-        self.pool
-            .alloc(self.buf_size, Wait::For(Duration::from_secs(5)))
-            .map_err(|e| RcError::Config(format!("no receive buffer of {} bytes: {e}", self.buf_size)))
+        self.pool.alloc(self.buf_size, Wait::For(Duration::from_secs(5))).map_err(|source| RcError::Pool {
+            what: "a receive",
+            len: self.buf_size,
+            source,
+        })
     }
 
     /// Post `buf` as a receive, in a free slot. The table lock is held, so

@@ -180,6 +180,58 @@ fn init_attr(cq: &CompletionQueue, caps: QpCaps) -> ibv_qp_init_attr {
     attr
 }
 
+/// What a device does with inline data, found by creating probe QPs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct InlineProbe {
+    /// The largest `max_inline_data` a QP creation accepts (up to
+    /// [`INLINE_PROBE_MAX`]): the device's real limit, which
+    /// `ibv_query_device` does not report.
+    pub(crate) device_max: u32,
+    /// What the provider grants (writes back into the QP caps) for the
+    /// configured request, capped at `device_max`.
+    pub(crate) granted: u32,
+}
+
+/// The probe's upper bound: no provider inlines more than this.
+pub(crate) const INLINE_PROBE_MAX: u32 = 4096;
+
+/// The `max_inline_data` granted to an RC QP that asks for `want`, or
+/// `None` when the provider refuses the request. The QP is destroyed at once.
+fn inline_granted(pd: &ProtectionDomain, cq: &CompletionQueue, want: u32) -> Option<u32> {
+    let mut attr = init_attr(cq, QpCaps { send_wr: 1, recv_wr: 1, max_inline: want });
+    // SAFETY: live PD and CQ; the QP is destroyed below, before either drops.
+    let raw = unsafe { ibv_create_qp(pd.as_ptr(), &mut attr) };
+    if raw.is_null() {
+        return None;
+    }
+    // SAFETY: the QP was just created here and is destroyed once.
+    unsafe { ibv_destroy_qp(raw) };
+    Some(attr.cap.max_inline_data)
+}
+
+/// Find the device's inline limit by bisection over probe QPs (a dozen
+/// QP creations), and what a request of `want` bytes is granted.
+pub(crate) fn probe_inline(pd: &Arc<ProtectionDomain>, want: u32) -> io::Result<InlineProbe> {
+    let cq = CompletionQueue::new(pd.context(), 4, false)?;
+    let (mut lo, mut hi) = (0u32, INLINE_PROBE_MAX);
+    if inline_granted(pd, &cq, 0).is_none() {
+        return Err(io::Error::last_os_error());
+    }
+    if inline_granted(pd, &cq, hi).is_some() {
+        lo = hi;
+    }
+    // Invariant: `lo` is accepted, `hi` refused (or `lo == hi`).
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        match inline_granted(pd, &cq, mid) {
+            Some(_) => lo = mid,
+            None => hi = mid,
+        }
+    }
+    let granted = inline_granted(pd, &cq, want.min(lo)).unwrap_or(0);
+    Ok(InlineProbe { device_max: lo, granted })
+}
+
 impl QueuePair {
     /// A QP made with `ibv_create_qp` (out-of-band connections), in RESET.
     pub(crate) fn create(

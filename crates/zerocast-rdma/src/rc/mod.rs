@@ -174,6 +174,36 @@ impl RcConfig {
     }
 }
 
+/// The device's limits in one `tracing` debug line: active MTU, max
+/// inline, max SRQ and max MR. `ibv_query_device` does not report an inline
+/// limit, so `max_inline` is measured with probe QPs (bisection over
+/// `ibv_create_qp`); `max_inline_granted` is what this transport's QPs get
+/// for the configured `max_inline`.
+fn log_device(device: &Device, pd: &Arc<ProtectionDomain>, want_inline: u32) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    let attr = device.context().attr();
+    let port = device.port_attr().ok();
+    let inline = crate::verbs::probe_inline(pd, want_inline);
+    if let Err(e) = &inline {
+        tracing::debug!(error = %e, "probing the inline limit failed");
+    }
+    tracing::debug!(
+        device = device.name(),
+        port = device.port(),
+        active_mtu = port.as_ref().map_or(0, |p| p.active_mtu),
+        max_inline = inline.as_ref().map_or(0, |i| i.device_max),
+        max_inline_granted = inline.as_ref().map_or(0, |i| i.granted),
+        max_qp_wr = attr.max_qp_wr,
+        max_srq = attr.max_srq,
+        max_srq_wr = attr.max_srq_wr,
+        max_mr = attr.max_mr,
+        max_mr_size = attr.max_mr_size,
+        "RC transport on device"
+    );
+}
+
 /// A pool configuration whose classes reach `link.max_payload`.
 pub fn pool_config_for(base: &PoolConfig, link: &LinkConfig) -> PoolConfig {
     let mut pc = base.clone();
@@ -217,17 +247,7 @@ impl RcTransport {
         let pd = device.alloc_pd().map_err(transport_err)?;
         let registrar = Arc::new(VerbsRegistrar::new(pd.clone()));
         let pool = Pool::new(pool_config_for(&pool, &cfg.link), registrar).map_err(transport_err)?;
-        if let Ok(port) = device.port_attr() {
-            let attr = device.context().attr();
-            tracing::debug!(
-                device = device.name(),
-                active_mtu = port.active_mtu,
-                max_qp_wr = attr.max_qp_wr,
-                max_srq = attr.max_srq,
-                max_mr_size = attr.max_mr_size,
-                "RC transport on device"
-            );
-        }
+        log_device(&device, &pd, cfg.max_inline);
         Ok(Self { inner: Arc::new(Inner { device, pd, pool, cfg }) })
     }
 

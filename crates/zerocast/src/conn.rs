@@ -68,8 +68,13 @@ impl Connection {
             Flavor::Mem(_) => Scheme::Mem,
             #[cfg(feature = "tcp")]
             Flavor::Tcp(_) => Scheme::Tcp,
+            // One connection type serves both ways of connecting; the peer
+            // endpoint keeps the scheme it was reached or accepted on.
             #[cfg(feature = "rdma")]
-            Flavor::Rc(_) => Scheme::Rc,
+            Flavor::Rc(c) => match c.peer().scheme() {
+                Scheme::RcOob => Scheme::RcOob,
+                _ => Scheme::Rc,
+            },
         }
     }
 

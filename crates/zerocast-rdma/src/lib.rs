@@ -26,9 +26,12 @@
 //!   RDMA READ and RDMA WRITE between a local pool buffer and a peer's
 //!   region, each a signalled request routed back to its blocked caller.
 //!
+//! - **shared receive queue** (`?srq=N` on a listener, [`RcConfig::srq`]):
+//!   one SRQ serves every accepted connection, each with a fixed share as
+//!   its credit window, refilled on the SRQ limit event ([`SrqStats`]).
+//!
 //! What it does not do yet: RDMA WRITE with immediate, rendezvous
-//! for messages larger than a receive buffer, shared receive queues, UD and
-//! multicast.
+//! for messages larger than a receive buffer, UD and multicast.
 //!
 //! Testing: this crate's tests, and `tests/tests/conformance_rdma.rs`, need
 //! a verbs device. They are `#[ignore]`d on a plain `cargo test`;
@@ -43,6 +46,7 @@ mod device;
 mod error;
 mod mr;
 mod rc;
+mod srq;
 mod verbs;
 
 pub use cm::open_cm_device;
@@ -51,5 +55,5 @@ pub use error::DeviceError;
 pub use mr::{MemoryRegion, VerbsRegistrar};
 pub use rc::{
     pool_config_for, wc_status_name, CompletionMode, OneSided, Rc, RcConfig, RcConnection, RcError,
-    RcListener, RcTransport, RemoteRegion,
+    RcListener, RcTransport, RemoteRegion, SrqStats,
 };

@@ -18,6 +18,7 @@ use crate::cm::{poll_readable, set_nonblocking, CmId};
 use crate::device::{Context, ProtectionDomain};
 use crate::error::errno_from_rc;
 use crate::mr::MemoryRegion;
+use crate::srq::Srq;
 
 /// A completion queue, optionally with its own completion channel.
 pub(crate) struct CompletionQueue {
@@ -141,11 +142,14 @@ impl fmt::Debug for CompletionQueue {
 
 /// Queue sizes of an RC queue pair.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct QpCaps {
+pub(crate) struct QpCaps<'a> {
     pub(crate) send_wr: u32,
     pub(crate) recv_wr: u32,
     /// Inline data asked for (0: none).
     pub(crate) max_inline: u32,
+    /// The shared receive queue the QP takes its receives from (then
+    /// `recv_wr` is ignored).
+    pub(crate) srq: Option<&'a Arc<Srq>>,
 }
 
 /// A reliable-connected queue pair. Holds its CQ and PD (and, when rdma_cm
@@ -155,6 +159,8 @@ pub(crate) struct QueuePair {
     cm: Option<Arc<CmId>>,
     _cq: Arc<CompletionQueue>,
     pd: Arc<ProtectionDomain>,
+    /// The shared receive queue it takes receives from, if any.
+    _srq: Option<Arc<Srq>>,
     /// Bytes a send may carry inline (what the provider granted).
     max_inline: u32,
 }
@@ -165,13 +171,17 @@ unsafe impl Send for QueuePair {}
 // SAFETY: as above.
 unsafe impl Sync for QueuePair {}
 
-fn init_attr(cq: &CompletionQueue, caps: QpCaps) -> ibv_qp_init_attr {
+fn init_attr(cq: &CompletionQueue, caps: QpCaps<'_>) -> ibv_qp_init_attr {
     // SAFETY: all-zero is a valid `ibv_qp_init_attr` (pointers null, counts 0).
     let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
     attr.send_cq = cq.as_ptr();
     attr.recv_cq = cq.as_ptr();
     attr.cap.max_send_wr = caps.send_wr;
-    attr.cap.max_recv_wr = caps.recv_wr;
+    if let Some(srq) = caps.srq {
+        attr.srq = srq.as_ptr();
+    } else {
+        attr.cap.max_recv_wr = caps.recv_wr;
+    }
     attr.cap.max_send_sge = 2;
     attr.cap.max_recv_sge = 2;
     attr.cap.max_inline_data = caps.max_inline;
@@ -198,7 +208,7 @@ pub(crate) const INLINE_PROBE_MAX: u32 = 4096;
 /// The `max_inline_data` granted to an RC QP that asks for `want`, or
 /// `None` when the provider refuses the request. The QP is destroyed at once.
 fn inline_granted(pd: &ProtectionDomain, cq: &CompletionQueue, want: u32) -> Option<u32> {
-    let mut attr = init_attr(cq, QpCaps { send_wr: 1, recv_wr: 1, max_inline: want });
+    let mut attr = init_attr(cq, QpCaps { send_wr: 1, recv_wr: 1, max_inline: want, srq: None });
     // SAFETY: live PD and CQ; the QP is destroyed below, before either drops.
     let raw = unsafe { ibv_create_qp(pd.as_ptr(), &mut attr) };
     if raw.is_null() {
@@ -237,7 +247,7 @@ impl QueuePair {
     pub(crate) fn create(
         pd: &Arc<ProtectionDomain>,
         cq: &Arc<CompletionQueue>,
-        caps: QpCaps,
+        caps: QpCaps<'_>,
     ) -> io::Result<Self> {
         let mut attr = init_attr(cq, caps);
         // SAFETY: live PD and CQ (kept alive by the returned QP).
@@ -250,7 +260,7 @@ impl QueuePair {
         }
         let raw = NonNull::new(raw).ok_or_else(io::Error::last_os_error)?;
         let max_inline = attr.cap.max_inline_data;
-        Ok(Self { raw, cm: None, _cq: cq.clone(), pd: pd.clone(), max_inline })
+        Ok(Self { raw, cm: None, _cq: cq.clone(), pd: pd.clone(), _srq: caps.srq.cloned(), max_inline })
     }
 
     /// A QP made by rdma_cm on `id` (`rdma_create_qp`); rdma_cm moves it
@@ -259,7 +269,7 @@ impl QueuePair {
         id: &Arc<CmId>,
         pd: &Arc<ProtectionDomain>,
         cq: &Arc<CompletionQueue>,
-        caps: QpCaps,
+        caps: QpCaps<'_>,
     ) -> io::Result<Self> {
         let mut attr = init_attr(cq, caps);
         // SAFETY: live id bound to the PD's device (checked by the caller),
@@ -277,7 +287,14 @@ impl QueuePair {
         let raw = unsafe { (*id.as_ptr()).qp };
         let raw = NonNull::new(raw).ok_or_else(|| io::Error::other("rdma_create_qp made no QP"))?;
         let max_inline = attr.cap.max_inline_data;
-        Ok(Self { raw, cm: Some(id.clone()), _cq: cq.clone(), pd: pd.clone(), max_inline })
+        Ok(Self {
+            raw,
+            cm: Some(id.clone()),
+            _cq: cq.clone(),
+            pd: pd.clone(),
+            _srq: caps.srq.cloned(),
+            max_inline,
+        })
     }
 
     pub(crate) fn qp_num(&self) -> u32 {

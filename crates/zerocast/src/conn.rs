@@ -216,4 +216,16 @@ impl Listener {
             ListenerFlavor::Rc(l) => l.local_endpoint(),
         }
     }
+
+    /// The RC listener underneath, for what only RDMA offers: the counters
+    /// of its shared receive queue ([`zerocast_rdma::RcListener::srq_stats`]).
+    /// `None` on other transports.
+    #[cfg(feature = "rdma")]
+    pub fn as_rc(&self) -> Option<&zerocast_rdma::RcListener> {
+        match &self.flavor {
+            ListenerFlavor::Rc(l) => Some(l),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
 }

@@ -20,10 +20,11 @@ use zerocast_link::{Driver, Frame, Reposts};
 use zerocast_mem::{Buf, Pool, Wait};
 
 use crate::rc::one_sided::{self, ONE_SIDED_BIT};
+use crate::rc::srq;
 use crate::rc::RcError;
 use crate::verbs::{CompletionQueue, HeaderSlab, QueuePair};
 
-const RECV_BIT: u64 = 1 << 63;
+pub(crate) const RECV_BIT: u64 = 1 << 63;
 /// Completions taken per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 32;
 
@@ -97,6 +98,9 @@ pub(crate) struct Io {
     peer_disconnected: AtomicBool,
     /// Mirror of `RecvTable::closing`, readable without the lock.
     closing: AtomicBool,
+    /// The listener's shared receive queue, when receives come from one
+    /// (then `recv` stays empty). Last: its share is released after the QP.
+    srq: Option<srq::Member>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -121,6 +125,7 @@ impl Io {
         sizes: Sizes,
         busy_poll: bool,
         ignore_credits: bool,
+        srq: Option<srq::Member>,
     ) -> Result<Arc<Self>, RcError> {
         let reg = |e: zerocast_mem::RegisterError| RcError::Config(format!("registering header slots: {e}"));
         let recv_hdr = HeaderSlab::new(qp.pd(), sizes.recv_window).map_err(reg)?;
@@ -149,8 +154,12 @@ impl Io {
             ignore_credits,
             peer_disconnected: AtomicBool::new(false),
             closing: AtomicBool::new(false),
+            srq,
         });
-        for _ in 0..sizes.recv_window {
+        // With a shared receive queue, the listener posted this
+        // connection's share when it admitted it.
+        let own_receives = if io.srq.is_some() { 0 } else { sizes.recv_window };
+        for _ in 0..own_receives {
             let buf = io.fresh_buf()?;
             let mut t = lock(&io.recv);
             io.post_recv_locked(&mut t, buf)?;
@@ -175,6 +184,9 @@ impl Io {
     /// Post `buf` as a receive, in a free slot. The table lock is held, so
     /// the poller cannot see the completion before the slot is filled.
     fn post_recv_locked(&self, t: &mut RecvTable, buf: Buf) -> Result<(), RcError> {
+        if let Some(m) = &self.srq {
+            return m.shared().repost(buf);
+        }
         let Some(slot) = t.free.pop() else {
             return Err(RcError::Config("more receives posted than the window".into()));
         };
@@ -509,6 +521,21 @@ fn poller(io: &Io, driver: &Driver) {
 fn on_completion(io: &Io, driver: &Driver, wc: &ibv_wc) {
     if wc.wr_id & RECV_BIT != 0 {
         let slot = (wc.wr_id & !RECV_BIT) as usize;
+        if let Some(m) = &io.srq {
+            // The slot is in the listener's shared table.
+            let Some((buf, raw)) = m.shared().take(slot) else {
+                tracing::warn!(slot, "receive completion for an empty shared slot");
+                return;
+            };
+            if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
+                drop(buf);
+                on_error(io, driver, wc.status, wc.vendor_err);
+            } else if let Err(e) = on_receive(io, driver, &raw, wc.byte_len as usize, buf) {
+                driver.fail(e);
+                io.close();
+            }
+            return;
+        }
         // Read the header before the slot is freed: once free, the reposter
         // may post a new receive into it, and the device may overwrite it.
         let (buf, raw) = {

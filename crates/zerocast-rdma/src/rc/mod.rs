@@ -14,13 +14,15 @@
 //!
 //! Credits make RNR impossible: the sender's window is exactly the number
 //! of receives the peer has posted, and a credit is returned only after its
-//! buffer was posted again.
+//! buffer was posted again. A listener with a shared receive queue (`srq`)
+//! keeps that true across its connections; see `srq` for the argument.
 
 mod cm_path;
 mod engine;
 mod error;
 mod one_sided;
 mod oob;
+mod srq;
 
 use std::fmt;
 use std::sync::Arc;
@@ -32,12 +34,15 @@ use zerocast_mem::{Pool, PoolConfig};
 
 pub use error::{wc_status_name, RcError};
 pub use one_sided::{OneSided, RemoteRegion};
+pub use srq::SrqStats;
 
 use crate::cm::open_cm_device;
 use crate::device::{Device, ProtectionDomain};
 use crate::mr::VerbsRegistrar;
+use crate::srq::{AsyncEvents, Srq};
 use crate::verbs::{CompletionQueue, QpCaps};
 use engine::{Io, Sizes};
+use srq::{Member, SharedRecv, SrqSizes};
 
 /// The RC flavor of [`zerocast_link::Connection`].
 #[derive(Debug)]
@@ -91,6 +96,17 @@ pub struct RcConfig {
     pub min_rnr_timer: u8,
     /// How completions are waited for.
     pub completion: CompletionMode,
+    /// Listeners: receives of one shared receive queue serving every
+    /// accepted connection (0: each connection has its own receive queue).
+    /// Each connection gets its window (`link.recv_window`) of them as its
+    /// credits, so a listener admits `srq / recv_window` connections and
+    /// refuses more with [`RcError::SrqFull`]. Per listener: `?srq=N`
+    /// (connecting ignores it).
+    pub srq: u32,
+    /// The SRQ's low watermark: below this many posted receives the device
+    /// raises `IBV_EVENT_SRQ_LIMIT_REACHED` and the SRQ is refilled from the
+    /// pool (0: a quarter of `srq`). Per listener: `?srq_limit=N`.
+    pub srq_limit: u32,
     /// Time allowed for address/route resolution and the handshake.
     pub connect_timeout: Duration,
     /// Test only: return credits without reposting the receive buffer, so
@@ -112,6 +128,8 @@ impl Default for RcConfig {
             timeout: 14,
             min_rnr_timer: 12,
             completion: CompletionMode::Channel,
+            srq: 0,
+            srq_limit: 0,
             connect_timeout: Duration::from_secs(10),
             unsafe_ignore_credits_for_tests: false,
         }
@@ -144,6 +162,13 @@ impl RcConfig {
         self
     }
 
+    /// Give listeners a shared receive queue of `receives` (0: none), with
+    /// the default limit.
+    pub fn with_srq(mut self, receives: u32) -> Self {
+        self.srq = receives;
+        self
+    }
+
     /// Set the device.
     pub fn with_device(mut self, name: Option<String>) -> Self {
         self.device = name;
@@ -167,6 +192,7 @@ impl RcConfig {
         if self.min_rnr_timer > 31 {
             return Err(RcError::Config("min_rnr_timer must be within 0..=31".into()));
         }
+        check_srq(self.srq, self.srq_limit, self.link.recv_window)?;
         if !(4..=16_384).contains(&self.send_depth) {
             return Err(RcError::Config(format!("send_depth {} must be within 4..=16384", self.send_depth)));
         }
@@ -204,6 +230,25 @@ fn log_device(device: &Device, pd: &Arc<ProtectionDomain>, want_inline: u32) {
     );
 }
 
+/// Check SRQ settings: `srq` holds at least one window, the limit is below it.
+fn check_srq(srq: u32, limit: u32, window: u32) -> Result<(), RcError> {
+    if srq == 0 {
+        return Ok(());
+    }
+    if srq > 1 << 20 {
+        return Err(RcError::Config(format!("srq {srq} is above 1048576 receives")));
+    }
+    if srq < window {
+        return Err(RcError::Config(format!(
+            "srq {srq} cannot give one connection its window of {window} receives"
+        )));
+    }
+    if limit >= srq {
+        return Err(RcError::Config(format!("srq_limit {limit} must be below srq {srq}")));
+    }
+    Ok(())
+}
+
 /// A pool configuration whose classes reach `link.max_payload`.
 pub fn pool_config_for(base: &PoolConfig, link: &LinkConfig) -> PoolConfig {
     let mut pc = base.clone();
@@ -218,6 +263,8 @@ struct Inner {
     pd: Arc<ProtectionDomain>,
     pool: Pool,
     cfg: RcConfig,
+    /// The device's async events (SRQ limits), read while an SRQ exists.
+    events: Arc<AsyncEvents>,
 }
 
 /// The RC transport: one device, one protection domain and a pool
@@ -248,7 +295,8 @@ impl RcTransport {
         let registrar = Arc::new(VerbsRegistrar::new(pd.clone()));
         let pool = Pool::new(pool_config_for(&pool, &cfg.link), registrar).map_err(transport_err)?;
         log_device(&device, &pd, cfg.max_inline);
-        Ok(Self { inner: Arc::new(Inner { device, pd, pool, cfg }) })
+        let events = AsyncEvents::new(device.context());
+        Ok(Self { inner: Arc::new(Inner { device, pd, pool, cfg, events }) })
     }
 
     /// The registered pool every connection of this transport uses.
@@ -310,12 +358,31 @@ impl RcTransport {
             .map_err(|e| RcError::verbs("ibv_create_cq", e))
     }
 
-    fn caps(&self, sizes: &Sizes) -> QpCaps {
+    /// A listener's shared receive queue, when `ep` or the settings ask for one.
+    fn shared_recv(&self, ep: &Endpoint, link: &LinkConfig) -> Result<Option<Arc<SharedRecv>>, ConnectError> {
+        let cfg = &self.inner.cfg;
+        let capacity = ep.param_as::<u32>("srq")?.unwrap_or(cfg.srq);
+        let limit = ep.param_as::<u32>("srq_limit")?.unwrap_or(cfg.srq_limit);
+        if capacity == 0 {
+            return Ok(None);
+        }
+        check_srq(capacity, limit, link.recv_window).map_err(transport_err)?;
+        let limit = if limit == 0 { (capacity / 4).max(1) } else { limit };
+        let buf_size = self.sizes(link).map_err(transport_err)?.buf_size;
+        let sizes =
+            SrqSizes { capacity: capacity as usize, share: link.recv_window as usize, limit, buf_size };
+        SharedRecv::new(&self.inner.pd, self.inner.pool.clone(), sizes, &self.inner.events)
+            .map(Some)
+            .map_err(transport_err)
+    }
+
+    fn caps<'a>(&self, sizes: &Sizes, srq: Option<&'a Arc<Srq>>) -> QpCaps<'a> {
         QpCaps {
             // The send table's ring, plus the one-sided slots.
             send_wr: (sizes.send_depth + one_sided::ONE_SIDED_SLOTS) as u32,
             recv_wr: sizes.recv_window as u32,
             max_inline: self.inner.cfg.max_inline,
+            srq,
         }
     }
 
@@ -324,8 +391,10 @@ impl RcTransport {
         qp: crate::verbs::QueuePair,
         cq: Arc<CompletionQueue>,
         sizes: Sizes,
+        srq: Option<Member>,
     ) -> Result<Arc<Io>, RcError> {
         let cfg = &self.inner.cfg;
+        let srq = srq.map(|m| m.with_cq(&cq));
         Io::new(
             qp,
             cq,
@@ -333,6 +402,7 @@ impl RcTransport {
             sizes,
             cfg.completion == CompletionMode::BusyPoll,
             cfg.unsafe_ignore_credits_for_tests,
+            srq,
         )
     }
 
@@ -387,14 +457,17 @@ impl zerocast_core::Transport for RcTransport {
 
     fn listen(&self, ep: &Endpoint) -> Result<RcListener, ConnectError> {
         let link = self.link_config(ep)?;
+        let srq = self.shared_recv(ep, &link)?;
         let kind = match ep.scheme() {
-            Scheme::RcOob => ListenerKind::Oob(oob::OobListener::bind(self, ep, link)?),
-            _ => ListenerKind::Cm(cm_path::CmListener::bind(self, ep, link)?),
+            Scheme::RcOob => ListenerKind::Oob(oob::OobListener::bind(self, ep, link, srq.clone())?),
+            _ => ListenerKind::Cm(cm_path::CmListener::bind(self, ep, link, srq.clone())?),
         };
-        Ok(RcListener { kind })
+        Ok(RcListener { kind, srq })
     }
 
     fn connect(&self, ep: &Endpoint) -> Result<RcConnection, ConnectError> {
+        // `srq` and `srq_limit` shape the listener's side only; a
+        // listener's endpoint (with them) is also where its peers connect.
         let link = self.link_config(ep)?;
         match ep.scheme() {
             Scheme::RcOob => oob::connect(self, ep, link),
@@ -413,6 +486,16 @@ enum ListenerKind {
 #[derive(Debug)]
 pub struct RcListener {
     kind: ListenerKind,
+    /// The shared receive queue of the accepted connections, if any.
+    srq: Option<Arc<SharedRecv>>,
+}
+
+impl RcListener {
+    /// The counters of this listener's shared receive queue (`None`
+    /// without one).
+    pub fn srq_stats(&self) -> Option<SrqStats> {
+        self.srq.as_ref().map(|s| s.stats())
+    }
 }
 
 impl zerocast_core::Listener for RcListener {
@@ -454,6 +537,20 @@ mod tests {
         assert!(RcConfig::default().with_timeout(14, 8).validate().is_err());
         assert!(RcConfig::default().with_rnr_retry(8).validate().is_err());
         assert!(RcConfig::default().with_rnr_retry(0).validate().is_ok());
+    }
+
+    #[test]
+    fn srq_settings_are_checked() {
+        assert!(check_srq(0, 0, 64).is_ok(), "no SRQ");
+        assert!(check_srq(256, 0, 4).is_ok());
+        assert!(check_srq(256, 255, 4).is_ok());
+        let err = check_srq(32, 0, 64).expect_err("smaller than a window");
+        assert!(err.to_string().contains("window of 64"), "{err}");
+        assert!(check_srq(32, 32, 8).is_err(), "limit not below the SRQ");
+        assert!(check_srq((1 << 20) + 1, 0, 8).is_err(), "too large");
+        let cfg = RcConfig::default().with_srq(16);
+        assert!(cfg.validate().is_err(), "16 receives cannot hold the default window of 64");
+        assert!(RcConfig::default().with_srq(128).validate().is_ok());
     }
 
     #[test]

@@ -93,6 +93,20 @@ pub enum RcError {
         /// The rejection status.
         status: i32,
     },
+    /// The listener's shared receive queue has no share left for another
+    /// connection; the peer was refused.
+    #[error(
+        "shared receive queue full: {connections} connections hold its {capacity} receives in shares of \
+         {share}; raise `srq` or lower the window"
+    )]
+    SrqFull {
+        /// Connections admitted.
+        connections: usize,
+        /// Receives of the SRQ.
+        capacity: usize,
+        /// Receives (credits) each connection is given.
+        share: usize,
+    },
     /// A setting is out of range.
     #[error("invalid RC setting: {0}")]
     Config(String),

@@ -158,7 +158,6 @@ fn tcp_typed_channel_through_lossy_veth() {
     drop(tx);
     // Read now: when the receiver exits, its namespace and the veth pair go.
     let drops = netem_drops(HOST_DEV);
-    println!("sender side: {}", capture("tc", &["-s", "qdisc", "show", "dev", HOST_DEV]));
     let verdict = lines.find(|l| l.starts_with("receiver: ") && l.contains("received")).unwrap_or_default();
     let status = child.wait().expect("receiver exit");
     let _ = Command::new("ip").args(["link", "del", HOST_DEV]).output();

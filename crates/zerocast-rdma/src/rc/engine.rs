@@ -24,11 +24,12 @@ use zerocast_mem::{Buf, Pool, Wait};
 
 use crate::rc::one_sided::{self, ONE_SIDED_BIT};
 use crate::rc::rendezvous::{self, Arrival, Descriptor, Rendezvous, DESC_LEN, FINISH_WR_ID, READ_WR_ID};
+use crate::rc::srq;
 use crate::rc::write_imm::ImmOps;
 use crate::rc::RcError;
 use crate::verbs::{CompletionQueue, HeaderSlab, QueuePair};
 
-const RECV_BIT: u64 = 1 << 63;
+pub(crate) const RECV_BIT: u64 = 1 << 63;
 /// Completions taken per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 32;
 
@@ -108,6 +109,9 @@ pub(crate) struct Io {
     peer_disconnected: AtomicBool,
     /// Mirror of `RecvTable::closing`, readable without the lock.
     closing: AtomicBool,
+    /// The listener's shared receive queue, when receives come from one
+    /// (then `recv` stays empty). Last: its share is released after the QP.
+    srq: Option<srq::Member>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -141,6 +145,7 @@ impl Io {
         sizes: Sizes,
         busy_poll: bool,
         ignore_credits: bool,
+        srq: Option<srq::Member>,
     ) -> Result<Arc<Self>, RcError> {
         let reg = |e: zerocast_mem::RegisterError| RcError::Config(format!("registering header slots: {e}"));
         let posted = sizes.posted_receives();
@@ -175,8 +180,12 @@ impl Io {
             ignore_credits,
             peer_disconnected: AtomicBool::new(false),
             closing: AtomicBool::new(false),
+            srq,
         });
-        for _ in 0..posted {
+        // With a shared receive queue, the listener posted this
+        // connection's share when it admitted it.
+        let own_receives = if io.srq.is_some() { 0 } else { posted };
+        for _ in 0..own_receives {
             let buf = io.fresh_buf()?;
             let mut t = lock(&io.recv);
             io.post_recv_locked(&mut t, buf)?;
@@ -205,14 +214,19 @@ impl Io {
     }
 
     fn fresh_buf(&self) -> Result<Buf, RcError> {
-        self.pool
-            .alloc(self.buf_size, Wait::For(Duration::from_secs(5)))
-            .map_err(|e| RcError::Config(format!("no receive buffer of {} bytes: {e}", self.buf_size)))
+        self.pool.alloc(self.buf_size, Wait::For(Duration::from_secs(5))).map_err(|source| RcError::Pool {
+            what: "a receive",
+            len: self.buf_size,
+            source,
+        })
     }
 
     /// Post `buf` as a receive, in a free slot. The table lock is held, so
     /// the poller cannot see the completion before the slot is filled.
     fn post_recv_locked(&self, t: &mut RecvTable, buf: Buf) -> Result<(), RcError> {
+        if let Some(m) = &self.srq {
+            return m.shared().repost(buf);
+        }
         let Some(slot) = t.free.pop() else {
             return Err(RcError::Config("more receives posted than the window".into()));
         };
@@ -666,6 +680,21 @@ fn poll_until_drained(io: &Io, driver: &Driver) {
 fn on_completion(io: &Io, driver: &Driver, wc: &ibv_wc) {
     if wc.wr_id & RECV_BIT != 0 {
         let slot = (wc.wr_id & !RECV_BIT) as usize;
+        if let Some(m) = &io.srq {
+            // The slot is in the listener's shared table.
+            let Some((buf, raw)) = m.shared().take(slot) else {
+                tracing::warn!(slot, "receive completion for an empty shared slot");
+                return;
+            };
+            if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
+                drop(buf);
+                on_error(io, driver, wc.status, wc.vendor_err);
+            } else if let Err(e) = on_receive(io, driver, &raw, wc.byte_len as usize, buf) {
+                driver.fail(e);
+                io.close();
+            }
+            return;
+        }
         // Read the header before the slot is freed: once free, the reposter
         // may post a new receive into it, and the device may overwrite it.
         let (buf, raw) = {

@@ -99,7 +99,11 @@ pub struct RcConfig {
     /// RNR retries (0..=7, 7 = forever). Credits make RNR impossible, so
     /// tests run with 0.
     pub rnr_retry: u8,
-    /// Transport retries before `IBV_WC_RETRY_EXC_ERR` (0..=7).
+    /// Transport retries before `IBV_WC_RETRY_EXC_ERR` (0..=7; default 6).
+    /// A peer that stops acknowledging is reported after about
+    /// `(retry_cnt + 1) × 4.096 µs × 2^timeout`. Beware 7 on Soft-RoCE:
+    /// rdma_rxe never counts a retry count of 7 down, so it retransmits
+    /// forever and only rdma_cm or a heartbeat notices the dead peer.
     pub retry_cnt: u8,
     /// Local ACK timeout exponent: 4.096 µs × 2^timeout (1..=31). Zero,
     /// which means "wait forever" on rxe, is refused.
@@ -138,7 +142,7 @@ impl Default for RcConfig {
             eager_limit: 64 << 10,
             max_inline: 256,
             rnr_retry: 7,
-            retry_cnt: 7,
+            retry_cnt: 6,
             timeout: 14,
             min_rnr_timer: 12,
             completion: CompletionMode::Channel,

@@ -10,7 +10,9 @@
 //! exits when the client disconnects. Needs an RDMA device: run it inside
 //! the Soft-RoCE guest (`scripts/softroce-run`).
 
-use anyhow::{anyhow, Context, Result};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
 use zerocast::RecvError;
 
 fn main() -> Result<()> {
@@ -38,6 +40,10 @@ fn main() -> Result<()> {
         Err(RecvError::Disconnected) => println!("peer disconnected."),
         Ok(extra) => println!("unexpected message of {} bytes", extra.len()),
         Err(e) => return Err(e).context("waiting for the disconnect"),
+    }
+    // Say goodbye too, and let it be acknowledged before the process exits.
+    if !conn.close_and_wait(Duration::from_secs(5)) {
+        bail!("the connection did not close cleanly");
     }
     Ok(())
 }

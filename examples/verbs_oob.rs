@@ -15,6 +15,8 @@
 //! `connect`; the lines printed follow the original's steps. Needs an RDMA
 //! device: run it inside the Soft-RoCE guest (`scripts/softroce-run`).
 
+use std::time::Duration;
+
 use anyhow::{anyhow, bail, Context, Result};
 use zerocast::{Connection, RecvError, Scheme};
 
@@ -92,6 +94,10 @@ fn server(port: u16) -> Result<()> {
         Err(RecvError::Disconnected) => println!("[OK] poll cq: send completed."),
         Ok(extra) => bail!("unexpected message of {} bytes from the client", extra.len()),
         Err(e) => return Err(e).context("waiting for the client to finish"),
+    }
+    // Say goodbye too, and let it be acknowledged before the process exits.
+    if !conn.close_and_wait(Duration::from_secs(5)) {
+        bail!("the connection did not close cleanly");
     }
     println!("[OK] destroy qp.");
     Ok(())

@@ -130,6 +130,28 @@ pub fn disconnect(t: &Transport) {
     t.assert_pool_drained(Duration::from_secs(10));
 }
 
+/// `close_and_wait`: a side that closes first waits for the peer's goodbye
+/// (false at its deadline while the peer stays open), then both end
+/// cleanly, every message delivered.
+pub fn close_and_wait(t: &Transport) {
+    let (client, server) = t.pair();
+    for i in 0..5u8 {
+        let mut buf = client.alloc(1).expect("alloc");
+        buf[0] = i;
+        client.send(buf).expect("send");
+    }
+    assert!(!client.close_and_wait(Duration::from_millis(300)), "the server has not closed yet");
+    for i in 0..5u8 {
+        assert_eq!(server.recv_timeout(Duration::from_secs(10)).expect("buffered")[0], i);
+    }
+    assert!(matches!(server.recv_timeout(Duration::from_secs(10)), Err(RecvError::Disconnected)));
+    let waiter = thread::spawn(move || client.close_and_wait(Duration::from_secs(10)));
+    assert!(server.close_and_wait(Duration::from_secs(10)), "server: clean end");
+    assert!(waiter.join().expect("client thread"), "client: clean end");
+    drop(server);
+    t.assert_pool_drained(Duration::from_secs(10));
+}
+
 /// Typed channels: dropping the sender ends the receiver's iteration after
 /// every message; a dropped receiver makes sends fail, message handed back.
 pub fn typed_disconnect(t: &Transport) {

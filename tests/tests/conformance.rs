@@ -29,6 +29,11 @@ macro_rules! conformance {
             }
 
             #[test]
+            fn close_and_wait() {
+                suite::close_and_wait(&transport());
+            }
+
+            #[test]
             fn typed_disconnect() {
                 suite::typed_disconnect(&transport());
             }

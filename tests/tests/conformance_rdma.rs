@@ -74,6 +74,12 @@ macro_rules! conformance {
 
             #[test]
             #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn close_and_wait() {
+                run(suite::close_and_wait);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
             fn typed_disconnect() {
                 run(suite::typed_disconnect);
             }

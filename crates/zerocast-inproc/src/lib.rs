@@ -147,6 +147,7 @@ fn pump(from: Driver, to: Driver, dir: &str) -> std::io::Result<()> {
                 }
             }
         }
+        from.writer_done();
         to.on_end();
     })?;
     Ok(())

@@ -52,6 +52,14 @@ impl Driver {
     /// return must be written; on `false` the batch is empty.
     pub fn next_batch(&self, batch: &mut Vec<Frame>) -> bool {
         loop {
+            {
+                // Both goodbyes are out (ours in the previous batch, after
+                // the peer's): nothing will be sent or woken for any more.
+                let st = self.shared.lock();
+                if st.failed.is_some() || (st.goodbye_sent && st.peer_closed) {
+                    return false;
+                }
+            }
             let first = match self.outgoing.recv() {
                 Ok(item) => item,
                 // Unreachable while `Shared` holds the sender; stop anyway.
@@ -189,6 +197,13 @@ impl Driver {
         }
         self.shared.end(&mut st);
         err
+    }
+
+    /// The writer stopped: what it was given is out (on RDMA: acknowledged).
+    /// Wakes [`crate::Link::wait_closed`].
+    pub fn writer_done(&self) {
+        self.shared.lock().writer_done = true;
+        self.shared.credit_cv.notify_all();
     }
 
     /// Largest payload this side accepts (for the reader's decoder).

@@ -1,7 +1,7 @@
 //! The application's side of a connection.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{RecvTimeoutError, TryRecvError, TrySendError};
 use zerocast_core::credit::CreditStats;
@@ -207,6 +207,31 @@ impl Link {
                     break;
                 }
             }
+        }
+    }
+
+    /// Wait until the connection is over: both sides said goodbye and this
+    /// side's writer has put everything out (on RDMA: acknowledged), or the
+    /// connection failed. Call it after [`Link::close`] before a process
+    /// exits, so the peer sees a clean goodbye rather than a vanished peer.
+    /// `true` for a clean end; `false` on a failure or at `deadline`.
+    pub fn wait_closed(&self, deadline: Option<Instant>) -> bool {
+        let mut st = self.shared.lock();
+        loop {
+            if st.failed.is_some() {
+                return false;
+            }
+            if st.writer_done && st.goodbye_sent && st.peer_closed {
+                return true;
+            }
+            let wait = match deadline {
+                None => Duration::from_millis(100),
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => left.min(Duration::from_millis(100)),
+                    _ => return false,
+                },
+            };
+            st = self.shared.credit_cv.wait_timeout(st, wait).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
 

@@ -44,6 +44,9 @@ pub(crate) struct State {
     pub(crate) wake_queued: bool,
     /// `End` was delivered to the application.
     pub(crate) ended: bool,
+    /// The backend's writer is done: everything it was given, the goodbye
+    /// included, is out (and, on RDMA, acknowledged).
+    pub(crate) writer_done: bool,
 }
 
 #[derive(Debug)]
@@ -88,6 +91,7 @@ impl Shared {
             failed: None,
             wake_queued: false,
             ended: false,
+            writer_done: false,
         };
         let shared = Shared {
             state: Mutex::new(state),

@@ -225,7 +225,9 @@ fn raw_receiver_counts_every_mckey_datagram() {
     let (mut child, _lines) = mckey(&["-m", &ip, "-b", &addr(), "-s", "-C", &COUNT.to_string(), "-S", "100"]);
     let mut got = 0;
     while got < COUNT {
-        let (d, from) = rx.recv_from(Some(Instant::now() + Duration::from_secs(20))).expect("mckey datagram");
+        let (d, from) = rx
+            .recv_from(Some(Instant::now() + Duration::from_secs(20)))
+            .unwrap_or_else(|e| panic!("mckey datagram {got} of {COUNT}: {e:?}; {:?}", rx.stats()));
         assert_eq!((d.len(), from.ip().to_string(), from.port()), (100, addr(), 0));
         got += 1;
     }

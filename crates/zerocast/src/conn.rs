@@ -160,6 +160,20 @@ impl Connection {
         each!(&self.flavor, c => c.close())
     }
 
+    /// Close the sending side and wait, up to `timeout`, until the
+    /// connection is over: both sides said goodbye and ours is out (on
+    /// RDMA: acknowledged). Call it before a process exits, so the peer sees
+    /// a clean disconnect rather than a vanished peer. `true` for a clean
+    /// end; `false` if the connection failed or the peer did not close in
+    /// time.
+    pub fn close_and_wait(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        each!(&self.flavor, c => {
+            c.close();
+            c.link().wait_closed(Some(deadline))
+        })
+    }
+
     pub(crate) fn close_receiver(&self) {
         each!(&self.flavor, c => c.close_receiver())
     }

@@ -40,6 +40,7 @@ pub(super) fn run(sock: &Socket, driver: &Driver, max_batch: usize) {
         batch.clear();
     }
     let _ = sock.shutdown(Shutdown::Write);
+    driver.writer_done();
 }
 
 fn write_chunk(sock: &Socket, frames: &[Frame], staging: &mut Vec<u8>) -> std::io::Result<()> {

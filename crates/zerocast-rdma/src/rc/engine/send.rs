@@ -117,7 +117,11 @@ pub(super) fn sender(io: &Io, driver: &Driver, max_batch: usize) {
             .map(|(g, _)| g)
             .unwrap_or_else(|p| p.into_inner().0);
     }
+    let acknowledged = t.outstanding() == 0 && !io.rendezvous.has_outbound();
     drop(t);
+    if acknowledged {
+        driver.writer_done();
+    }
     io.close();
 }
 

@@ -100,6 +100,16 @@ struct Opts {
     /// No progress bar.
     #[arg(short, long)]
     quiet: bool,
+    /// List the transports and what carries each in this build, then exit.
+    #[arg(long)]
+    list_transports: bool,
+}
+
+/// What carries each scheme in this build: `ud://` is UDP (RDMA UD is not
+/// in the facade), `rc://` and `rc+oob://` need the `rdma` feature.
+fn transports() -> [(&'static str, &'static str); 5] {
+    let rdma = if cfg!(feature = "rdma") { "rdma" } else { "not built in (build with --features rdma)" };
+    [("tcp", "tcp"), ("mem", "in-process"), ("ud", "udp"), ("rc", rdma), ("rc+oob", rdma)]
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -144,6 +154,12 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Some(ModeCmd::Lat(o)) => (Mode::Lat, o),
         Some(ModeCmd::Rate(o)) => (Mode::Rate, o),
     };
+    if opts.list_transports {
+        for (scheme, backend) in transports() {
+            println!("{scheme}\t{backend}");
+        }
+        return Ok(());
+    }
     if opts.loopback {
         let plan = plan(mode, &opts)?;
         return loopback(mode, &opts, &plan);

@@ -177,6 +177,15 @@ fn a_separate_server_process_serves_one_client() {
     assert!(status.success(), "the server exits cleanly after its client: {status}");
 }
 
+#[test]
+fn transports_are_listed_with_their_backend() {
+    let out = ok(&["--list-transports"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines.contains(&"tcp\ttcp") && lines.contains(&"ud\tudp"), "{out}");
+    let rc = if cfg!(feature = "rdma") { "rc\trdma" } else { "rc\tnot built in" };
+    assert!(lines.iter().any(|l| l.starts_with(rc)), "{out}");
+}
+
 fn fails(args: &[&str], code: i32, says: &str) {
     let out = perf(args);
     let stderr = String::from_utf8_lossy(&out.stderr);

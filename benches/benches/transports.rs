@@ -80,7 +80,7 @@ fn transports(c: &mut Criterion) {
                 Ok(p) => p,
                 // A size the transport cannot carry (a datagram above 64 KiB).
                 Err(e) if e.to_string().contains("largest datagram") => continue,
-                Err(e) => panic!("{name} at {size} B: {e}"),
+                Err(e) => panic!("{name} at {size} B: {e:?}"),
             };
             g.bench_function(BenchmarkId::new(name, label(size)), |b| {
                 b.iter_custom(|i| run(pipe.as_mut(), i))

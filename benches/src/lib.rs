@@ -82,10 +82,12 @@ pub fn msgs_per_batch(size: usize) -> u64 {
 pub const MAX_INFLIGHT_BYTES: usize = 32 << 20;
 
 /// Link settings for messages of `size` bytes: [`bench_link`], with the
-/// window capped at [`MAX_INFLIGHT_BYTES`] and a payload limit that fits.
+/// window capped at [`MAX_INFLIGHT_BYTES`] and a payload limit of the size
+/// (plus room for a typed envelope). RDMA posts `window` receive buffers of
+/// the payload limit, so a limit far above the size would fill the pool.
 pub fn link_for(size: usize) -> zerocast::LinkConfig {
     let window = (MAX_INFLIGHT_BYTES / size.max(1)).clamp(4, WINDOW as usize) as u32;
-    let max_payload = (size as u64 + 64).max(bench_link().max_payload);
+    let max_payload = (size as u64 + 64).next_multiple_of(64);
     bench_link().with_recv_window(window).with_max_payload(max_payload)
 }
 
@@ -185,6 +187,7 @@ mod tests {
         assert_eq!(link_for(64).recv_window, WINDOW);
         assert_eq!(link_for(1 << 20).recv_window, 32);
         assert!(link_for(8 << 20).max_payload >= 8 << 20);
+        assert!(link_for(64).max_payload < 4096, "receive buffers sized for the message");
         assert_eq!(mask(2), 0xffff);
     }
 

@@ -265,7 +265,7 @@ fn client(mode: Mode, opts: &Opts, host: &str, port: u16, plan: &[Vec<Spec>]) ->
             run.results.push(row);
         }
         if !opts.json {
-            report::footer(&mut out)?;
+            progress.suspend(|| report::footer(&mut out))?;
         }
         runs.push(run);
     }

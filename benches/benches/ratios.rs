@@ -7,12 +7,17 @@
 //! cargo bench -p zerocast-benches --bench ratios            # every case
 //! cargo bench -p zerocast-benches --bench ratios -- 64KiB   # cases whose name contains "64KiB"
 //! ZEROCAST_BENCH_ROUNDS=9 cargo bench -p zerocast-benches --bench ratios
+//! cargo bench -p zerocast-benches --bench ratios --features zeromq   # with the ZeroMQ rows
 //! ```
+//!
+//! Round trips are compared the same way, as the ratio of the two sides'
+//! medians (p50) in each round.
 
 use std::time::{Duration, Instant};
 
 use zerocast_benches::{
-    bench_link, median, msgs_per_batch, run, Baseline, BoxError, Pipe, RawPipe, Small, TypedPipe, ZcPipe,
+    bench_link, median, msgs_per_batch, round_trips, run, Baseline, BoxError, PingPong, Pipe, RawPing,
+    RawPipe, Small, TypedPipe, ZcPing, ZcPipe,
 };
 
 /// Time each side runs per round (and before the first round, to warm up).
@@ -64,6 +69,12 @@ fn typed_vs_raw(uri: &str) -> Result<Pair, BoxError> {
     Ok((Box::new(TypedPipe::new(uri, template, n)?), Box::new(ZcPipe::new(uri, size, n)?)))
 }
 
+#[cfg(feature = "zeromq")]
+fn zc_vs_zmq(size: usize) -> Result<Pair, BoxError> {
+    let n = msgs_per_batch(size);
+    Ok((Box::new(ZcPipe::new(TCP, size, n)?), Box::new(zerocast_benches::ZmqPipe::new(size, n)?)))
+}
+
 const CASES: &[Case] = &[
     Case {
         name: "tcp_throughput/64B",
@@ -88,6 +99,13 @@ const CASES: &[Case] = &[
         what: "zerocast / naive socket (write per msg)",
         goal: Some(5.0),
         make: || zc_vs_raw(64, Baseline::Naive),
+    },
+    #[cfg(feature = "zeromq")]
+    Case {
+        name: "zmq_push_pull/64B",
+        what: "zerocast / ZeroMQ PUSH/PULL (msg/s)",
+        goal: Some(1.0),
+        make: || zc_vs_zmq(64),
     },
     Case {
         name: "typed_vs_raw/tcp/60B",
@@ -127,6 +145,73 @@ const CASES: &[Case] = &[
         make: || zc_window_vs_raw(65_536, 32),
     },
 ];
+
+type PingPair = (Box<dyn PingPong>, Box<dyn PingPong>);
+
+/// A round-trip comparison: the ratio of medians (p50), lower is better.
+struct RttCase {
+    name: &'static str,
+    what: &'static str,
+    /// The ratio the project aims for, at most.
+    goal: Option<f64>,
+    make: fn() -> Result<PingPair, BoxError>,
+}
+
+const RTT_CASES: &[RttCase] = &[
+    RttCase {
+        name: "rtt/tcp/64B",
+        what: "zerocast p50 / raw socket ping-pong p50",
+        goal: Some(1.10),
+        make: || Ok((Box::new(ZcPing::new(TCP, 64)?), Box::new(RawPing::new(64)?))),
+    },
+    #[cfg(feature = "zeromq")]
+    RttCase {
+        name: "rtt/zmq/64B",
+        what: "zerocast p50 / ZeroMQ REQ/REP p50",
+        goal: None,
+        make: || Ok((Box::new(ZcPing::new(TCP, 64)?), Box::new(zerocast_benches::ZmqReqRep::new(64)?))),
+    },
+];
+
+/// Round trips per side per round.
+const RTT_PER_ROUND: usize = 5_000;
+
+fn p50(samples: &mut [u64]) -> f64 {
+    samples.sort_unstable();
+    samples[samples.len() / 2] as f64
+}
+
+/// Alternate the two sides of each round-trip case, `rounds` times.
+fn rtt_cases(filters: &[&String], rounds: usize, per_round: usize) -> Result<(), BoxError> {
+    for case in
+        RTT_CASES.iter().filter(|c| filters.is_empty() || filters.iter().any(|f| c.name.contains(f.as_str())))
+    {
+        let (mut a, mut b) = (case.make)()?;
+        let (mut sa, mut sb) = (Vec::with_capacity(per_round), Vec::with_capacity(per_round));
+        round_trips(a.as_mut(), per_round / 5, &mut sa);
+        round_trips(b.as_mut(), per_round / 5, &mut sb);
+        let mut ratios = Vec::with_capacity(rounds);
+        for round in 0..rounds {
+            if round % 2 == 0 {
+                round_trips(a.as_mut(), per_round, &mut sa);
+                round_trips(b.as_mut(), per_round, &mut sb);
+            } else {
+                round_trips(b.as_mut(), per_round, &mut sb);
+                round_trips(a.as_mut(), per_round, &mut sa);
+            }
+            ratios.push(p50(&mut sa) / p50(&mut sb));
+        }
+        let (lo, hi) = ratios.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+        let med = median(&ratios);
+        let goal = match case.goal {
+            Some(g) if med <= g => format!("≤ {g}: met"),
+            Some(g) => format!("≤ {g}: MISSED"),
+            None => "-".to_owned(),
+        };
+        println!("| {} | {} | {med:.2}x | {lo:.2}x | {hi:.2}x | {goal} |", case.name, case.what);
+    }
+    Ok(())
+}
 
 /// Batches of `p` that take about `t`, measured by running it for `t`.
 fn calibrate(p: &mut dyn Pipe, t: Duration) -> u64 {
@@ -187,5 +272,11 @@ fn main() -> Result<(), BoxError> {
         };
         println!("| {} | {} | {med:.2}x | {lo:.2}x | {hi:.2}x | {goal} |", case.name, case.what);
     }
+    println!();
+    println!("same-run round-trip ratios (medians of p50 per round; lower is better)");
+    println!();
+    println!("| case | ratio | median | min | max | goal |");
+    println!("|---|---|---:|---:|---:|---|");
+    rtt_cases(&filters, rounds, if bench { RTT_PER_ROUND } else { 100 })?;
     Ok(())
 }

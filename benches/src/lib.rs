@@ -26,15 +26,25 @@
 
 #![forbid(unsafe_code)]
 
+mod blob;
 mod msg;
+mod pingpong;
 mod raw;
+mod udp;
 mod zc;
+#[cfg(feature = "zeromq")]
+mod zmq;
 
 use std::time::Duration;
 
+pub use blob::{Blob, TypedBytesPipe};
 pub use msg::{Bytes, Small, SmallBytes, SmallRef};
+pub use pingpong::{round_trips, PingPong, RawPing, ZcPing};
 pub use raw::{socket_pair, Baseline, RawPipe};
+pub use udp::{UdpPipe, UDP_WINDOW};
 pub use zc::{bench_link, zc_pair, zc_pair_with, TypedPipe, ZcPipe};
+#[cfg(feature = "zeromq")]
+pub use zmq::{ZmqPipe, ZmqReqRep};
 
 /// The error type of pipe construction.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -62,7 +72,31 @@ pub fn msgs_per_batch(size: usize) -> u64 {
     match size {
         0..=256 => 10_000,
         257..=8192 => 2_000,
-        _ => 500,
+        8193..=262_144 => 500,
+        _ => 100,
+    }
+}
+
+/// Bytes in flight a pipe's window may hold: a window of 256 × 1 MiB would
+/// fill the pool, and keep every buffer out of cache.
+pub const MAX_INFLIGHT_BYTES: usize = 32 << 20;
+
+/// Link settings for messages of `size` bytes: [`bench_link`], with the
+/// window capped at [`MAX_INFLIGHT_BYTES`] and a payload limit of the size
+/// (plus room for a typed envelope). RDMA posts `window` receive buffers of
+/// the payload limit, so a limit far above the size would fill the pool.
+pub fn link_for(size: usize) -> zerocast::LinkConfig {
+    let window = (MAX_INFLIGHT_BYTES / size.max(1)).clamp(4, WINDOW as usize) as u32;
+    let max_payload = (size as u64 + 64).next_multiple_of(64);
+    bench_link().with_recv_window(window).with_max_payload(max_payload)
+}
+
+/// The sequence numbers a payload of `size` bytes can tell apart.
+pub fn mask(size: usize) -> u64 {
+    if size >= 8 {
+        u64::MAX
+    } else {
+        (1u64 << (8 * size)) - 1
     }
 }
 
@@ -117,12 +151,44 @@ mod tests {
             Box::new(ZcPipe::new("tcp://127.0.0.1:0", 64, 100).unwrap()),
             Box::new(ZcPipe::new("mem://benches-test", 4096, 100).unwrap()),
             Box::new(TypedPipe::new("tcp://127.0.0.1:0", Small::sample(0, 24), 100).unwrap()),
+            Box::new(TypedBytesPipe::new("mem://benches-typed", 1 << 20, 5).unwrap()),
+            Box::new(TypedBytesPipe::new("tcp://127.0.0.1:0", 4096, 100).unwrap()),
+            Box::new(ZcPipe::with_link("tcp://127.0.0.1:0", 1 << 20, 5, link_for(1 << 20)).unwrap()),
+            Box::new(UdpPipe::new(4096, 100).unwrap()),
+            #[cfg(feature = "zeromq")]
+            Box::new(ZmqPipe::new(64, 100).unwrap()),
         ];
         for p in &mut pipes {
             for _ in 0..3 {
                 p.batch();
             }
         }
+    }
+
+    #[test]
+    fn round_trips_echo_every_message() {
+        let mut pings: Vec<Box<dyn PingPong>> = vec![
+            Box::new(ZcPing::new("tcp://127.0.0.1:0", 64).unwrap()),
+            Box::new(ZcPing::new("mem://benches-ping", 3).unwrap()),
+            Box::new(RawPing::new(64).unwrap()),
+            #[cfg(feature = "zeromq")]
+            Box::new(ZmqReqRep::new(64).unwrap()),
+        ];
+        let mut out = Vec::new();
+        for p in &mut pings {
+            round_trips(p.as_mut(), 50, &mut out);
+            assert_eq!(out.len(), 50);
+            assert!(out.iter().all(|&ns| ns > 0));
+        }
+    }
+
+    #[test]
+    fn windows_shrink_for_large_messages() {
+        assert_eq!(link_for(64).recv_window, WINDOW);
+        assert_eq!(link_for(1 << 20).recv_window, 32);
+        assert!(link_for(8 << 20).max_payload >= 8 << 20);
+        assert!(link_for(64).max_payload < 4096, "receive buffers sized for the message");
+        assert_eq!(mask(2), 0xffff);
     }
 
     #[test]

@@ -42,7 +42,7 @@ pub fn zc_pair_with(uri: &str, link: LinkConfig) -> Result<(Connection, Connecti
 
 /// Spawn a receiver that takes `n` messages at a time with `recv_one`
 /// (which returns false at the end of the stream) and reports each batch.
-fn spawn_receiver(
+pub(crate) fn spawn_receiver(
     n: u64,
     mut recv_one: impl FnMut(u64) -> bool + Send + 'static,
 ) -> Result<(Receiver<()>, JoinHandle<()>), BoxError> {

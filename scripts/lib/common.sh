@@ -67,7 +67,9 @@ ZC_GUEST_PACKAGES=(
     iproute2
 )
 
-# What building the RDMA crate needs (bindgen for rdma-sys).
+# What building the RDMA crate needs (bindgen for rdma-sys), and libzmq for
+# the benches' ZeroMQ baselines (feature `zeromq`, built by --all-features).
 ZC_BUILD_PACKAGES=(
     libibverbs-dev librdmacm-dev libclang-dev pkg-config
+    libzmq3-dev
 )

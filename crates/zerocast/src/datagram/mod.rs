@@ -57,7 +57,7 @@ pub use zerocast_rdma::ud;
 pub use zerocast_rdma::ud::{UdConfig, UdError, UdSocket};
 /// The UDP backend.
 pub use zerocast_tcp::udp;
-pub use zerocast_tcp::udp::{UdpConfig, UdpError, UdpSocket};
+pub use zerocast_tcp::udp::{UdpConfig, UdpError, UdpSocket, MAX_DATAGRAM};
 
 use crate::Zerocast;
 

@@ -1,0 +1,213 @@
+//! The client role: ask the server for a test, run it, turn it into a row.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _};
+use zerocast::{Receiver, Scheme, Sender, Zerocast};
+
+use crate::data::{context_for, DataPath};
+use crate::progress::Progress;
+use crate::report::Row;
+use crate::spec::{Ctl, Mode, ServerReport, Spec};
+use crate::stats::{bw_row, LatSamples, Slices};
+
+/// How long to wait for the server's word on a test that failed here.
+const WHY_WAIT: Duration = Duration::from_secs(2);
+
+/// A control connection to a server.
+#[derive(Debug)]
+pub(crate) struct Session {
+    tx: Sender<Ctl>,
+    rx: Receiver<Ctl>,
+    host: String,
+}
+
+impl Session {
+    pub(crate) fn connect(host: &str, port: u16) -> anyhow::Result<Self> {
+        let h = if host.contains(':') { format!("[{host}]") } else { host.to_owned() };
+        let uri = format!("tcp://{h}:{port}");
+        let conn = Zerocast::new().connect(&uri).with_context(|| {
+            format!("cannot reach a zerocast-perf server at {uri} (is one running there?)")
+        })?;
+        let (tx, rx) = conn.split();
+        Ok(Self { tx, rx, host: host.to_owned() })
+    }
+
+    /// Run one test; `data` receives where the data endpoint is, once known.
+    pub(crate) fn run(&self, spec: &Spec, progress: &Progress, data: &mut String) -> anyhow::Result<Row> {
+        self.tx.send(Ctl::Start(spec.clone())).map_err(|e| anyhow!("control connection: {}", e.map(drop)))?;
+        let (port, name) = match self.rx.recv().context("waiting for the server to accept the test")? {
+            Ctl::Ready { port, name } => (port, name),
+            Ctl::Refused(why) => bail!("the server refused the test: {why}"),
+            other => bail!("the server sent {other:?} where Ready was expected"),
+        };
+        let host = spec.transport.host.as_deref().unwrap_or(&self.host);
+        *data = match spec.transport.scheme() {
+            Scheme::Mem => spec.transport.uri(&name, 0),
+            _ => spec.transport.uri(host, port),
+        };
+        let r = if spec.transport.is_datagram() {
+            self.datagrams(spec, host, port, progress)
+        } else {
+            self.connection(spec, data, progress)
+        };
+        r.map_err(|e| self.server_side(e))
+    }
+
+    /// A failed test may have failed at the server first: prefer its reason.
+    fn server_side(&self, e: anyhow::Error) -> anyhow::Error {
+        match self.rx.recv_timeout(WHY_WAIT) {
+            Ok(Ctl::Failed(why)) => e.context(format!("the server failed: {why}")),
+            _ => e,
+        }
+    }
+
+    fn report(&self) -> anyhow::Result<ServerReport> {
+        match self.rx.recv().context("waiting for the server's report")? {
+            Ctl::Report(r) => Ok(r),
+            Ctl::Failed(why) => bail!("the server failed: {why}"),
+            other => bail!("the server sent {other:?} where a report was expected"),
+        }
+    }
+
+    fn connection(&self, spec: &Spec, uri: &str, progress: &Progress) -> anyhow::Result<Row> {
+        let zc = context_for(spec);
+        let conn = zc.connect(uri).with_context(|| format!("cannot open the data connection to {uri}"))?;
+        let dp = DataPath::new(conn, spec);
+        match spec.mode {
+            Mode::Lat => self.lat(&dp, spec, progress),
+            Mode::Bw | Mode::Rate => self.bw(&dp, spec, progress),
+        }
+    }
+
+    /// Streaming: two windows of untimed warm-up (the pools map their
+    /// regions on first use), then the timed messages, from a full pipe
+    /// until the server has every one.
+    fn bw(&self, dp: &DataPath, spec: &Spec, progress: &Progress) -> anyhow::Result<Row> {
+        let warmup = 2 * u64::from(spec.window);
+        for seq in 0..warmup {
+            dp.send(seq).with_context(|| format!("sending warm-up message {seq}"))?;
+        }
+        let until = Until::new(spec);
+        let mut slices = Slices::new(spec.window, spec.duration_ms.is_none().then_some(spec.iters));
+        let start = Instant::now();
+        let mut i = 0u64;
+        while !until.done(i, start) {
+            let seq = warmup + i;
+            dp.send(seq).with_context(|| format!("sending message {seq}"))?;
+            slices.sent(i);
+            i += 1;
+            if i % 1024 == 0 {
+                progress.test_at(until.fraction(i, start));
+            }
+        }
+        dp.close();
+        let report = self.report()?;
+        let elapsed = start.elapsed();
+        let total = warmup + i;
+        if report.msgs != total || report.bytes != total * spec.size as u64 {
+            bail!("the server received {} messages ({} B) of {total} sent", report.msgs, report.bytes);
+        }
+        Ok(Row::Bw(bw_row(spec.size, i, i, elapsed, &slices)))
+    }
+
+    fn lat(&self, dp: &DataPath, spec: &Spec, progress: &Progress) -> anyhow::Result<Row> {
+        let warmup = match spec.duration_ms {
+            Some(_) => 100,
+            None => (spec.iters / 10).min(100),
+        };
+        for seq in 0..warmup {
+            dp.send(seq)?;
+            dp.recv_expect(seq)?;
+        }
+        let until = Until::new(spec);
+        let mut samples = LatSamples::new();
+        let start = Instant::now();
+        let mut i = 0u64;
+        while !until.done(i, start) {
+            let seq = warmup + i;
+            let t0 = Instant::now();
+            dp.send(seq).with_context(|| format!("sending message {seq}"))?;
+            dp.recv_expect(seq)?;
+            samples.record(t0.elapsed());
+            i += 1;
+            if i % 256 == 0 {
+                progress.test_at(until.fraction(i, start));
+            }
+        }
+        dp.close();
+        let report = self.report()?;
+        if report.msgs != warmup + i {
+            bail!("the server echoed {} of {} messages", report.msgs, warmup + i);
+        }
+        Ok(Row::Lat(samples.row(spec.size)))
+    }
+
+    fn datagrams(&self, spec: &Spec, host: &str, port: u16, progress: &Progress) -> anyhow::Result<Row> {
+        let to: SocketAddr = (host, port)
+            .to_socket_addrs()
+            .with_context(|| format!("resolving {host}"))?
+            .next()
+            .ok_or_else(|| anyhow!("{host} has no address"))?;
+        let zc = context_for(spec);
+        let any = if to.is_ipv6() { "[::]" } else { "0.0.0.0" };
+        let sock = zc.bind_datagram(&format!("ud://{any}:0")).context("binding a datagram socket")?;
+        let until = Until::new(spec);
+        let mut slices = Slices::new(spec.window, spec.duration_ms.is_none().then_some(spec.iters));
+        let start = Instant::now();
+        let mut i = 0u64;
+        while !until.done(i, start) {
+            let mut buf = sock.alloc(spec.size, None)?;
+            let n = buf.len().min(8);
+            buf[..n].copy_from_slice(&i.to_le_bytes()[..n]);
+            sock.send_to(buf, &to).map_err(|(_, e)| anyhow!(e).context(format!("sending datagram {i}")))?;
+            slices.sent(i);
+            i += 1;
+            if i % 1024 == 0 {
+                progress.test_at(until.fraction(i, start));
+            }
+        }
+        let elapsed = start.elapsed();
+        self.tx.send(Ctl::Sent(i)).map_err(|e| anyhow!("control connection: {}", e.map(drop)))?;
+        let report = self.report()?;
+        if report.msgs > i {
+            bail!("the server counted {} datagrams of {i} sent", report.msgs);
+        }
+        Ok(Row::Bw(bw_row(spec.size, i, report.msgs, elapsed, &slices)))
+    }
+}
+
+/// When a run ends: after a count, or after a duration (checked every 64
+/// messages, so the clock costs nothing per message).
+#[derive(Debug, Clone, Copy)]
+struct Until {
+    iters: u64,
+    duration: Option<Duration>,
+}
+
+impl Until {
+    fn new(spec: &Spec) -> Self {
+        Self { iters: spec.iters, duration: spec.duration_ms.map(Duration::from_millis) }
+    }
+
+    #[inline]
+    fn done(&self, i: u64, start: Instant) -> bool {
+        match self.duration {
+            Some(d) => i % 64 == 0 && start.elapsed() >= d,
+            None => i >= self.iters,
+        }
+    }
+
+    fn fraction(&self, i: u64, start: Instant) -> f64 {
+        match self.duration {
+            Some(d) => start.elapsed().as_secs_f64() / d.as_secs_f64(),
+            None => i as f64 / self.iters as f64,
+        }
+    }
+}
+
+/// Whether `scheme` only works with the server in this process (`--loopback`).
+pub(crate) fn in_process_only(scheme: Scheme) -> bool {
+    scheme == Scheme::Mem
+}

@@ -1,0 +1,247 @@
+//! The data path of a test: one message out, one message in, raw or typed,
+//! spinning or blocking, on a connection shaped for the test.
+
+use std::hint::spin_loop;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail};
+use serde::{Deserialize, Serialize, Serializer};
+use zerocast::{
+    Config, Connection, LinkConfig, PoolConfig, Receiver, RecvError, SendError, Sender, Zerocast,
+};
+
+use crate::spec::{Poll, Spec, MAX_SIZE};
+
+/// What typed messages carry: zeros (the sequence number has its own field).
+static ZEROS: [u8; MAX_SIZE] = [0; MAX_SIZE];
+
+/// The typed message: a sequence number and the payload, as a byte string
+/// (one `memcpy` to encode, borrowed on receive).
+#[derive(Debug, Serialize, Deserialize, yoke::Yokeable)]
+pub(crate) struct Chunk<'a> {
+    seq: u64,
+    #[serde(borrow, serialize_with = "as_bytes")]
+    data: &'a [u8],
+}
+
+fn as_bytes<S: Serializer>(data: &&[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_bytes(data)
+}
+
+/// A zerocast context for one test: the window, payload limit, pool and
+/// (RDMA) completion mode the spec asks for.
+pub(crate) fn context_for(spec: &Spec) -> Zerocast {
+    let max_payload = spec.max_payload();
+    let link = LinkConfig::default().with_recv_window(spec.window).with_max_payload(max_payload as u64);
+    // The default classes stay: datagram sockets need one of 64 KiB.
+    let mut classes = PoolConfig::default().classes;
+    classes.push(max_payload);
+    classes.sort_unstable();
+    classes.dedup();
+    // Receive buffers for the window, as many in flight the other way, and
+    // slack for a batch being written; plus a region for each small class.
+    let region = 4 << 20;
+    let big = (2 * spec.window as usize + 8) * max_payload.next_multiple_of(4096);
+    let pool = PoolConfig::default()
+        .with_classes(classes)
+        .with_region_size(region)
+        .with_max_bytes(big.next_multiple_of(region) + 8 * region);
+    #[allow(unused_mut)]
+    let mut cfg = Config::default().with_link(link).with_pool(pool);
+    #[cfg(feature = "rdma")]
+    {
+        use zerocast::rdma::{CompletionMode, RcConfig};
+        let mode = match spec.poll {
+            Poll::Busy => CompletionMode::BusyPoll,
+            Poll::Event => CompletionMode::Channel,
+        };
+        cfg = cfg.with_rc(RcConfig::default().with_completion(mode));
+    }
+    Zerocast::with_config(cfg)
+}
+
+/// Where a received message's sequence number is: the first up-to-8 bytes.
+fn stamp(payload: &mut [u8], seq: u64) {
+    let n = payload.len().min(8);
+    payload[..n].copy_from_slice(&seq.to_le_bytes()[..n]);
+}
+
+fn stamp_of(payload: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = payload.len().min(8);
+    b[..n].copy_from_slice(&payload[..n]);
+    u64::from_le_bytes(b)
+}
+
+/// The sequence numbers a message of `size` bytes can tell apart.
+fn seq_mask(size: usize) -> u64 {
+    match size {
+        8.. => u64::MAX,
+        n => (1u64 << (8 * n)) - 1,
+    }
+}
+
+/// One end of a data connection, as the test uses it.
+#[derive(Debug)]
+pub(crate) enum Io {
+    Raw(Connection),
+    Typed(Sender<Chunk<'static>>, Receiver<Chunk<'static>>),
+}
+
+/// A received message: its sequence number (masked to what its size holds)
+/// and its payload length.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Got {
+    pub(crate) seq: u64,
+    pub(crate) len: usize,
+}
+
+/// One side of a test's data path.
+#[derive(Debug)]
+pub(crate) struct DataPath {
+    io: Io,
+    size: usize,
+    busy: bool,
+    mask: u64,
+}
+
+impl DataPath {
+    pub(crate) fn new(conn: Connection, spec: &Spec) -> Self {
+        let io = if spec.typed {
+            let (tx, rx) = conn.split();
+            Io::Typed(tx, rx)
+        } else {
+            Io::Raw(conn)
+        };
+        Self { io, size: spec.size, busy: spec.poll == Poll::Busy, mask: seq_mask(spec.size) }
+    }
+
+    fn conn(&self) -> &Connection {
+        match &self.io {
+            Io::Raw(c) => c,
+            Io::Typed(tx, _) => tx.connection(),
+        }
+    }
+
+    /// Send message `seq` of the test's size.
+    pub(crate) fn send(&self, seq: u64) -> anyhow::Result<()> {
+        match &self.io {
+            Io::Raw(conn) => {
+                let mut buf = conn.alloc(self.size)?;
+                stamp(&mut buf, seq);
+                if self.busy {
+                    let mut buf = buf;
+                    loop {
+                        match conn.try_send(buf) {
+                            Ok(()) => return Ok(()),
+                            Err(SendError::Full(b)) => {
+                                buf = b;
+                                spin_loop();
+                            }
+                            Err(e) => return Err(send_failed(e)),
+                        }
+                    }
+                }
+                conn.send(buf).map_err(send_failed)
+            }
+            Io::Typed(tx, _) => {
+                let mut msg = Chunk { seq, data: &ZEROS[..self.size] };
+                if self.busy {
+                    loop {
+                        match tx.try_send(msg) {
+                            Ok(()) => return Ok(()),
+                            Err(SendError::Full(m)) => {
+                                msg = m;
+                                spin_loop();
+                            }
+                            Err(e) => return Err(send_failed(e)),
+                        }
+                    }
+                }
+                tx.send(msg).map_err(send_failed)
+            }
+        }
+    }
+
+    /// Receive the next message; `None` once the peer closed and every
+    /// message before its goodbye was received.
+    pub(crate) fn recv(&self) -> anyhow::Result<Option<Got>> {
+        loop {
+            let r = match &self.io {
+                Io::Raw(conn) => {
+                    let r = if self.busy { conn.try_recv() } else { conn.recv() };
+                    r.map(|m| Got { seq: stamp_of(&m) & self.mask, len: m.len() })
+                }
+                Io::Typed(_, rx) => {
+                    let r = if self.busy { rx.recv_ref_timeout(Duration::ZERO) } else { rx.recv_ref() };
+                    match r {
+                        Ok(g) => Ok(Got { seq: g.get().seq & self.mask, len: g.get().data.len() }),
+                        Err(zerocast::TypedRecvError::Recv(e)) => Err(e),
+                        Err(e) => return Err(anyhow!(e).context("a typed message did not decode")),
+                    }
+                }
+            };
+            match r {
+                Ok(got) => return Ok(Some(got)),
+                Err(RecvError::Empty | RecvError::Timeout) => spin_loop(),
+                Err(RecvError::Disconnected) => return Ok(None),
+                Err(e) => return Err(anyhow!(e).context("the data connection failed")),
+            }
+        }
+    }
+
+    /// Receive message `expect`, failing on anything else.
+    pub(crate) fn recv_expect(&self, expect: u64) -> anyhow::Result<Got> {
+        let Some(got) = self.recv()? else {
+            bail!("the peer closed the data connection early (waiting for message {expect})");
+        };
+        self.check(got, expect)?;
+        Ok(got)
+    }
+
+    /// Check a received message's number and length.
+    pub(crate) fn check(&self, got: Got, expect: u64) -> anyhow::Result<()> {
+        if got.seq != expect & self.mask {
+            bail!("message {expect} arrived as {} (lost or out of order)", got.seq);
+        }
+        if got.len != self.size {
+            bail!("message {expect} has {} bytes, not {}", got.len, self.size);
+        }
+        Ok(())
+    }
+
+    /// Send a goodbye after everything queued.
+    pub(crate) fn close(&self) {
+        self.conn().close();
+    }
+}
+
+fn send_failed<T>(e: SendError<T>) -> anyhow::Error {
+    anyhow!("send failed: {}", e.map(drop))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps_round_trip_within_the_size() {
+        let mut p = [0u8; 3];
+        stamp(&mut p, 0x0102_0304);
+        assert_eq!(stamp_of(&p), 0x02_0304);
+        assert_eq!(0x0102_0304 & seq_mask(3), 0x02_0304);
+        assert_eq!(seq_mask(8), u64::MAX);
+        assert_eq!(seq_mask(64), u64::MAX);
+    }
+
+    #[test]
+    fn typed_chunks_encode_bytes_once() {
+        use zerocast::Codec;
+        let c = Chunk { seq: 7, data: &[1, 2, 3, 4] };
+        let mut buf = [0u8; 64];
+        let n = zerocast::Bincode.encode(&c, &mut buf).unwrap();
+        let back: Chunk<'_> = zerocast::Bincode.decode(&buf[..n]).unwrap();
+        assert_eq!((back.seq, back.data), (7, &[1u8, 2, 3, 4][..]));
+        assert!(n <= 4 + 16, "{n} bytes: the payload must be one byte string");
+    }
+}

@@ -1,0 +1,37 @@
+//! zerocast-perf: bandwidth, latency and message rate of zerocast
+//! transports, in the shape of perftest's `ib_send_bw` / `ib_send_lat`.
+//!
+//! Without a host it is the server; with one it is the client, which sends
+//! each test's whole description to the server, so the server needs no
+//! matching options. `--loopback` runs both in this process over
+//! `tcp://127.0.0.1` (or any transport given), which needs no setup.
+//!
+//! It does **not** tune the machine (CPU pinning, frequency, IRQs) or
+//! report absolute figures as anything but what this run measured.
+
+#![forbid(unsafe_code)]
+
+mod cli;
+mod client;
+mod data;
+mod plot;
+mod progress;
+mod report;
+mod server;
+mod spec;
+mod stats;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    match cli::run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("zerocast-perf: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

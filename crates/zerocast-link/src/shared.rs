@@ -1,6 +1,7 @@
 //! State shared by the application handles and the backend's threads.
 
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 use zerocast_core::{ConnError, Credits, Endpoint};
@@ -44,6 +45,11 @@ pub(crate) struct State {
     pub(crate) wake_queued: bool,
     /// `End` was delivered to the application.
     pub(crate) ended: bool,
+    /// Heartbeats on: when the last frame came from the peer (or when the
+    /// peer last stopped being starved of credit by us).
+    pub(crate) last_rx: Instant,
+    /// Heartbeats on: when the writer last took a batch.
+    pub(crate) last_tx: Instant,
 }
 
 #[derive(Debug)]
@@ -60,6 +66,8 @@ pub(crate) struct Shared {
     pub(crate) max_message: usize,
     pub(crate) max_batch: usize,
     pub(crate) max_payload: u64,
+    /// The connection's heartbeat interval, if heartbeats are on.
+    pub(crate) heartbeat: Option<Duration>,
 }
 
 impl Shared {
@@ -88,7 +96,13 @@ impl Shared {
             failed: None,
             wake_queued: false,
             ended: false,
+            last_rx: Instant::now(),
+            last_tx: Instant::now(),
         };
+        let heartbeat = zerocast_core::negotiated_heartbeat(
+            setup.config.heartbeat_ms(),
+            setup.peer_hello.heartbeat_ms,
+        );
         let shared = Shared {
             state: Mutex::new(state),
             credit_cv: Condvar::new(),
@@ -101,6 +115,7 @@ impl Shared {
             max_message,
             max_batch: setup.config.max_batch,
             max_payload: setup.config.max_payload,
+            heartbeat,
         };
         (shared, rx, reposts_rx)
     }

@@ -27,9 +27,9 @@ pub(super) fn run(sock: &Socket, driver: &Driver, max_batch: usize) {
     let mut batch: Vec<Frame> = Vec::with_capacity(max_batch + 2);
     // Sized once for the worst chunk, so it never grows while running.
     let mut staging: Vec<u8> = Vec::with_capacity(CHUNK * (HEADER_LEN + COPY_MAX));
-    // With heartbeats, a write the peer does not drain returns once per
-    // interval to run the heartbeat check.
-    if let Err(e) = sock.set_write_timeout(driver.heartbeat()) {
+    // With heartbeats, a write the peer does not drain returns four times
+    // per interval to run the heartbeat check.
+    if let Err(e) = sock.set_write_timeout(driver.heartbeat().map(|hb| hb / 4)) {
         driver.fail(e.into());
     }
     while driver.next_batch(&mut batch) {

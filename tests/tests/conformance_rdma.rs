@@ -13,7 +13,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use zerocast::rdma::{CompletionMode, RcConfig, RcError};
-use zerocast::{Config, ConnError, LinkConfig, RecvError, SendError, Zerocast};
+use zerocast::{Config, ConnError, LinkConfig, RecvError, Scheme, SendError, Zerocast};
 use zerocast_tests::{suite, Transport};
 
 /// The address rxe0 is bound to in the guest.
@@ -36,7 +36,7 @@ fn assert_rc_pool_drained(t: &Transport) {
 }
 
 macro_rules! conformance {
-    ($name:ident, $scheme:expr) => {
+    ($name:ident, $scheme:expr, $expected:expr) => {
         mod $name {
             use super::*;
 
@@ -101,12 +101,24 @@ macro_rules! conformance {
             fn oversize_is_rejected() {
                 run(suite::oversize_is_rejected);
             }
+
+            /// Both ends report the scheme they connected with.
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn scheme_is_reported() {
+                run(|t| {
+                    let (client, server) = t.pair();
+                    assert_eq!(client.scheme(), $expected, "client of {}", $scheme);
+                    assert_eq!(server.scheme(), $expected, "server of {}", $scheme);
+                    assert_eq!(client.peer().scheme(), $expected);
+                });
+            }
         }
     };
 }
 
-conformance!(rc, "rc");
-conformance!(rc_oob, "rc+oob");
+conformance!(rc, "rc", Scheme::Rc);
+conformance!(rc_oob, "rc+oob", Scheme::RcOob);
 
 /// Integrity with a busy-polling completion thread instead of the channel.
 #[test]

@@ -58,7 +58,7 @@ impl Scheme {
     fn params(self) -> &'static [&'static str] {
         match self {
             Scheme::Tcp => &["window", "heartbeat_ms"],
-            Scheme::Rc | Scheme::RcOob => &["window", "heartbeat_ms", "dev", "gid_index"],
+            Scheme::Rc | Scheme::RcOob => &["window", "heartbeat_ms", "dev", "gid_index", "srq", "srq_limit"],
             Scheme::Ud => &["iface", "dev"],
             Scheme::Mcast => &["iface", "dev", "ttl", "loop"],
             Scheme::Mem => &["window", "heartbeat_ms"],

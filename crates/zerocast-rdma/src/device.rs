@@ -310,6 +310,8 @@ pub struct DeviceAttr {
     pub max_cqe: u32,
     /// Most shared receive queues.
     pub max_srq: u32,
+    /// Most outstanding receives per shared receive queue.
+    pub max_srq_wr: u32,
     /// Most multicast groups.
     pub max_mcast_grp: u32,
     /// Most queue pairs attached to one multicast group.
@@ -334,6 +336,7 @@ impl DeviceAttr {
             max_cq: count(raw.max_cq),
             max_cqe: count(raw.max_cqe),
             max_srq: count(raw.max_srq),
+            max_srq_wr: count(raw.max_srq_wr),
             max_mcast_grp: count(raw.max_mcast_grp),
             max_mcast_qp_attach: count(raw.max_mcast_qp_attach),
             phys_port_cnt: raw.phys_port_cnt,

@@ -32,8 +32,9 @@
 //!   the registered pool, the GRH stripped, a typed error for datagrams
 //!   above the active MTU, and a raw mode for interop with rdma-core tools.
 //!
-//! What it does not do yet: RDMA WRITE with immediate, rendezvous
-//! for messages larger than a receive buffer, shared receive queues.
+//! - **shared receive queue** (`?srq=N` on a listener, [`RcConfig::srq`]):
+//!   one SRQ serves every accepted connection, each with a fixed share as
+//!   its credit window, refilled on the SRQ limit event ([`SrqStats`]).
 //!
 //! Testing: this crate's tests, and `tests/tests/conformance_rdma.rs`, need
 //! a verbs device. They are `#[ignore]`d on a plain `cargo test`;
@@ -48,6 +49,7 @@ mod device;
 mod error;
 mod mr;
 mod rc;
+mod srq;
 pub mod ud;
 mod verbs;
 
@@ -57,5 +59,5 @@ pub use error::DeviceError;
 pub use mr::{MemoryRegion, VerbsRegistrar};
 pub use rc::{
     pool_config_for, wc_status_name, CompletionMode, OneSided, Rc, RcConfig, RcConnection, RcError,
-    RcListener, RcTransport, RemoteRegion,
+    RcListener, RcTransport, RemoteRegion, SrqStats, RENDEZVOUS_RECEIVES,
 };

@@ -21,6 +21,7 @@ use crate::cm::{poll_readable, set_nonblocking, CmId};
 use crate::device::{Context, ProtectionDomain};
 use crate::error::errno_from_rc;
 use crate::mr::MemoryRegion;
+use crate::srq::Srq;
 
 /// A completion queue, optionally with its own completion channel.
 pub(crate) struct CompletionQueue {
@@ -144,11 +145,14 @@ impl fmt::Debug for CompletionQueue {
 
 /// Queue sizes of an RC queue pair.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct QpCaps {
+pub(crate) struct QpCaps<'a> {
     pub(crate) send_wr: u32,
     pub(crate) recv_wr: u32,
     /// Inline data asked for (0: none).
     pub(crate) max_inline: u32,
+    /// The shared receive queue the QP takes its receives from (then
+    /// `recv_wr` is ignored).
+    pub(crate) srq: Option<&'a Arc<Srq>>,
 }
 
 /// A queue pair (reliable connected, or unreliable datagram). Holds its
@@ -160,6 +164,8 @@ pub(crate) struct QueuePair {
     /// The receive CQ, when it is not `_cq`.
     _recv_cq: Option<Arc<CompletionQueue>>,
     pd: Arc<ProtectionDomain>,
+    /// The shared receive queue it takes receives from, if any.
+    _srq: Option<Arc<Srq>>,
     /// Bytes a send may carry inline (what the provider granted).
     max_inline: u32,
 }
@@ -170,13 +176,17 @@ unsafe impl Send for QueuePair {}
 // SAFETY: as above.
 unsafe impl Sync for QueuePair {}
 
-fn init_attr(cq: &CompletionQueue, caps: QpCaps) -> ibv_qp_init_attr {
+fn init_attr(cq: &CompletionQueue, caps: QpCaps<'_>) -> ibv_qp_init_attr {
     // SAFETY: all-zero is a valid `ibv_qp_init_attr` (pointers null, counts 0).
     let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
     attr.send_cq = cq.as_ptr();
     attr.recv_cq = cq.as_ptr();
     attr.cap.max_send_wr = caps.send_wr;
-    attr.cap.max_recv_wr = caps.recv_wr;
+    if let Some(srq) = caps.srq {
+        attr.srq = srq.as_ptr();
+    } else {
+        attr.cap.max_recv_wr = caps.recv_wr;
+    }
     attr.cap.max_send_sge = 2;
     attr.cap.max_recv_sge = 2;
     attr.cap.max_inline_data = caps.max_inline;
@@ -185,12 +195,64 @@ fn init_attr(cq: &CompletionQueue, caps: QpCaps) -> ibv_qp_init_attr {
     attr
 }
 
+/// What a device does with inline data, found by creating probe QPs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct InlineProbe {
+    /// The largest `max_inline_data` a QP creation accepts (up to
+    /// [`INLINE_PROBE_MAX`]): the device's real limit, which
+    /// `ibv_query_device` does not report.
+    pub(crate) device_max: u32,
+    /// What the provider grants (writes back into the QP caps) for the
+    /// configured request, capped at `device_max`.
+    pub(crate) granted: u32,
+}
+
+/// The probe's upper bound: no provider inlines more than this.
+pub(crate) const INLINE_PROBE_MAX: u32 = 4096;
+
+/// The `max_inline_data` granted to an RC QP that asks for `want`, or
+/// `None` when the provider refuses the request. The QP is destroyed at once.
+fn inline_granted(pd: &ProtectionDomain, cq: &CompletionQueue, want: u32) -> Option<u32> {
+    let mut attr = init_attr(cq, QpCaps { send_wr: 1, recv_wr: 1, max_inline: want, srq: None });
+    // SAFETY: live PD and CQ; the QP is destroyed below, before either drops.
+    let raw = unsafe { ibv_create_qp(pd.as_ptr(), &mut attr) };
+    if raw.is_null() {
+        return None;
+    }
+    // SAFETY: the QP was just created here and is destroyed once.
+    unsafe { ibv_destroy_qp(raw) };
+    Some(attr.cap.max_inline_data)
+}
+
+/// Find the device's inline limit by bisection over probe QPs (a dozen
+/// QP creations), and what a request of `want` bytes is granted.
+pub(crate) fn probe_inline(pd: &Arc<ProtectionDomain>, want: u32) -> io::Result<InlineProbe> {
+    let cq = CompletionQueue::new(pd.context(), 4, false)?;
+    let (mut lo, mut hi) = (0u32, INLINE_PROBE_MAX);
+    if inline_granted(pd, &cq, 0).is_none() {
+        return Err(io::Error::last_os_error());
+    }
+    if inline_granted(pd, &cq, hi).is_some() {
+        lo = hi;
+    }
+    // Invariant: `lo` is accepted, `hi` refused (or `lo == hi`).
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        match inline_granted(pd, &cq, mid) {
+            Some(_) => lo = mid,
+            None => hi = mid,
+        }
+    }
+    let granted = inline_granted(pd, &cq, want.min(lo)).unwrap_or(0);
+    Ok(InlineProbe { device_max: lo, granted })
+}
+
 impl QueuePair {
     /// A QP made with `ibv_create_qp` (out-of-band connections), in RESET.
     pub(crate) fn create(
         pd: &Arc<ProtectionDomain>,
         cq: &Arc<CompletionQueue>,
-        caps: QpCaps,
+        caps: QpCaps<'_>,
     ) -> io::Result<Self> {
         let mut attr = init_attr(cq, caps);
         // SAFETY: live PD and CQ (kept alive by the returned QP).
@@ -203,7 +265,15 @@ impl QueuePair {
         }
         let raw = NonNull::new(raw).ok_or_else(io::Error::last_os_error)?;
         let max_inline = attr.cap.max_inline_data;
-        Ok(Self { raw, cm: None, _cq: cq.clone(), _recv_cq: None, pd: pd.clone(), max_inline })
+        Ok(Self {
+            raw,
+            cm: None,
+            _cq: cq.clone(),
+            _recv_cq: None,
+            pd: pd.clone(),
+            _srq: caps.srq.cloned(),
+            max_inline,
+        })
     }
 
     /// A QP made by rdma_cm on `id` (`rdma_create_qp`); rdma_cm moves it
@@ -212,7 +282,7 @@ impl QueuePair {
         id: &Arc<CmId>,
         pd: &Arc<ProtectionDomain>,
         cq: &Arc<CompletionQueue>,
-        caps: QpCaps,
+        caps: QpCaps<'_>,
     ) -> io::Result<Self> {
         let mut attr = init_attr(cq, caps);
         // SAFETY: live id bound to the PD's device (checked by the caller),
@@ -230,7 +300,15 @@ impl QueuePair {
         let raw = unsafe { (*id.as_ptr()).qp };
         let raw = NonNull::new(raw).ok_or_else(|| io::Error::other("rdma_create_qp made no QP"))?;
         let max_inline = attr.cap.max_inline_data;
-        Ok(Self { raw, cm: Some(id.clone()), _cq: cq.clone(), _recv_cq: None, pd: pd.clone(), max_inline })
+        Ok(Self {
+            raw,
+            cm: Some(id.clone()),
+            _cq: cq.clone(),
+            _recv_cq: None,
+            pd: pd.clone(),
+            _srq: caps.srq.cloned(),
+            max_inline,
+        })
     }
 
     /// An unreliable-datagram QP (`ibv_create_qp`) with separate send and
@@ -239,7 +317,7 @@ impl QueuePair {
         pd: &Arc<ProtectionDomain>,
         send_cq: &Arc<CompletionQueue>,
         recv_cq: &Arc<CompletionQueue>,
-        caps: QpCaps,
+        caps: QpCaps<'_>,
     ) -> io::Result<Self> {
         let mut attr = init_attr(send_cq, caps);
         attr.recv_cq = recv_cq.as_ptr();
@@ -260,6 +338,7 @@ impl QueuePair {
             _cq: send_cq.clone(),
             _recv_cq: Some(recv_cq.clone()),
             pd: pd.clone(),
+            _srq: None,
             max_inline,
         })
     }

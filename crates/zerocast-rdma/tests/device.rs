@@ -6,10 +6,10 @@
 
 use std::process::Command;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use zerocast_mem::{Pool, PoolConfig, RegisterError, Registrar, Wait};
-use zerocast_rdma::{Device, PortState, VerbsRegistrar};
+use zerocast_rdma::{Device, PortState, RcConfig, RcTransport, VerbsRegistrar};
 
 /// Set in the child process of [`memlock_limit_is_reported`].
 const MEMLOCK_CHILD_ENV: &str = "ZEROCAST_RDMA_MEMLOCK_CHILD";
@@ -58,6 +58,63 @@ fn opens_device_with_active_port() {
     // Without a name, the first device with an active port is chosen.
     let any = Device::open(None).expect("open the first active device");
     assert_eq!(any.port_attr().expect("query port").state, PortState::Active);
+}
+
+/// Captured log output.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log buffer").extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The value of `key=` in a `tracing` fmt line.
+fn field(line: &str, key: &str) -> u64 {
+    let at = line.find(&format!(" {key}=")).unwrap_or_else(|| panic!("no `{key}` in: {line}"));
+    let rest = &line[at + key.len() + 2..];
+    let end = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+    rest[..end].parse().unwrap_or_else(|e| panic!("`{key}` in {line}: {e}"))
+}
+
+/// Opening the RC transport logs the device's limits at debug level:
+/// active MTU, max inline (measured with probe QPs, since
+/// `ibv_query_device` has no such field), max SRQ and max MR.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn transport_logs_device_limits() {
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let cfg = RcConfig::default();
+    let want_inline = cfg.max_inline;
+    let transport = tracing::subscriber::with_default(subscriber, || {
+        RcTransport::new(cfg, PoolConfig::default()).expect("RC transport")
+    });
+    let log = String::from_utf8(out.0.lock().expect("log buffer").clone()).expect("utf-8 log");
+    let line = log.lines().find(|l| l.contains("RC transport on device")).expect("the device line");
+    println!("{line}");
+    let attr = transport.device().context().attr().clone();
+    let port = transport.device().port_attr().expect("port");
+    assert_eq!(field(line, "active_mtu"), u64::from(port.active_mtu));
+    assert_eq!(field(line, "max_srq"), u64::from(attr.max_srq));
+    assert_eq!(field(line, "max_srq_wr"), u64::from(attr.max_srq_wr));
+    assert_eq!(field(line, "max_mr"), u64::from(attr.max_mr));
+    assert_eq!(field(line, "max_mr_size"), attr.max_mr_size);
+    assert!(attr.max_srq > 0 && attr.max_srq_wr > 0, "{attr:?}");
+    let (max_inline, granted) = (field(line, "max_inline"), field(line, "max_inline_granted"));
+    assert!(max_inline > 0, "the device takes no inline data: {line}");
+    // The provider grants at least what was asked, up to its limit.
+    assert!(granted >= u64::from(want_inline).min(max_inline), "{line}");
 }
 
 #[test]

@@ -68,8 +68,13 @@ impl Connection {
             Flavor::Mem(_) => Scheme::Mem,
             #[cfg(feature = "tcp")]
             Flavor::Tcp(_) => Scheme::Tcp,
+            // One connection type serves both ways of connecting; the peer
+            // endpoint keeps the scheme it was reached or accepted on.
             #[cfg(feature = "rdma")]
-            Flavor::Rc(_) => Scheme::Rc,
+            Flavor::Rc(c) => match c.peer().scheme() {
+                Scheme::RcOob => Scheme::RcOob,
+                _ => Scheme::Rc,
+            },
         }
     }
 
@@ -209,6 +214,18 @@ impl Listener {
             ListenerFlavor::Tcp(l) => l.local_endpoint(),
             #[cfg(feature = "rdma")]
             ListenerFlavor::Rc(l) => l.local_endpoint(),
+        }
+    }
+
+    /// The RC listener underneath, for what only RDMA offers: the counters
+    /// of its shared receive queue ([`zerocast_rdma::RcListener::srq_stats`]).
+    /// `None` on other transports.
+    #[cfg(feature = "rdma")]
+    pub fn as_rc(&self) -> Option<&zerocast_rdma::RcListener> {
+        match &self.flavor {
+            ListenerFlavor::Rc(l) => Some(l),
+            #[allow(unreachable_patterns)]
+            _ => None,
         }
     }
 }

@@ -15,6 +15,7 @@ use rdma_sys::{rdma_cm_event_type as ev, rdma_conn_param};
 use zerocast_core::{ConnError, ConnectError, Endpoint, Hello, LinkConfig};
 use zerocast_link::Driver;
 
+use super::srq::{Member, SharedRecv};
 use super::{engine::Io, resolve, transport_err, RcConnection, RcError, RcTransport};
 use crate::cm::{context_name, CmEvent, CmId, EventChannel, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT};
 use crate::error::errno_from_rc;
@@ -98,14 +99,24 @@ fn check_device(t: &RcTransport, id: &CmId) -> Result<(), ConnectError> {
     Ok(())
 }
 
-/// Create the QP on `id` and post the receives.
-fn prepare(t: &RcTransport, id: &Arc<CmId>, link: &LinkConfig) -> Result<Arc<Io>, ConnectError> {
+/// Create the QP on `id` and post the receives (or, for a connection
+/// admitted to a listener's shared receive queue, take its receives from it).
+fn prepare(
+    t: &RcTransport,
+    id: &Arc<CmId>,
+    link: &LinkConfig,
+    srq: Option<Member>,
+) -> Result<Arc<Io>, ConnectError> {
     let sizes = t.sizes(link).map_err(transport_err)?;
     let cq = t.cq(&sizes).map_err(transport_err)?;
-    let qp = QueuePair::create_cm(id, &t.inner.pd, &cq, t.caps(&sizes))
+    let shared = srq.as_ref().map(|m| m.shared().srq());
+    let qp = QueuePair::create_cm(id, &t.inner.pd, &cq, t.caps(&sizes, shared))
         .map_err(|e| transport_err(RcError::verbs("rdma_create_qp", e)))?;
-    t.new_io(qp, cq, sizes).map_err(transport_err)
+    t.new_io(qp, cq, sizes, srq).map_err(transport_err)
 }
+
+/// Private data of a rejection for a full shared receive queue.
+const SRQ_FULL: &[u8] = b"ZCSRQFULL";
 
 fn peer_hello(data: &[u8], peer: &Endpoint) -> Result<Hello, ConnectError> {
     Hello::decode(data)
@@ -139,7 +150,7 @@ pub(super) fn connect(
     check_device(t, &id)?;
     set_ack_timeout(&id, t.inner.cfg.timeout);
     let id = Arc::new(id);
-    let io = prepare(t, &id, &link)?;
+    let io = prepare(t, &id, &link, None)?;
     let buf_size = t.sizes(&link).map_err(transport_err)?.buf_size;
     let hello = zerocast_link::hello_for(&link, buf_size).encode();
     let mut param = conn_param(t, &hello);
@@ -152,6 +163,11 @@ pub(super) fn connect(
     let e = next_event(&ch, deadline, "connecting")?;
     match e.kind() {
         ev::RDMA_CM_EVENT_ESTABLISHED => {}
+        ev::RDMA_CM_EVENT_REJECTED if e.private_data().starts_with(SRQ_FULL) => {
+            return Err(ConnectError::Refused(format!(
+                "{ep}: the listener's shared receive queue has no share left for another connection"
+            )))
+        }
         ev::RDMA_CM_EVENT_REJECTED => {
             return Err(ConnectError::Refused(format!("{ep}: {}", RcError::Rejected { status: e.status() })))
         }
@@ -176,10 +192,16 @@ pub(super) struct CmListener {
     transport: RcTransport,
     local: Endpoint,
     link: LinkConfig,
+    srq: Option<Arc<SharedRecv>>,
 }
 
 impl CmListener {
-    pub(super) fn bind(t: &RcTransport, ep: &Endpoint, link: LinkConfig) -> Result<Self, ConnectError> {
+    pub(super) fn bind(
+        t: &RcTransport,
+        ep: &Endpoint,
+        link: LinkConfig,
+        srq: Option<Arc<SharedRecv>>,
+    ) -> Result<Self, ConnectError> {
         let addr = resolve(ep)?;
         let io_err = |e| ConnectError::Io { endpoint: ep.to_string(), source: e };
         let ch = EventChannel::new().map_err(io_err)?;
@@ -201,7 +223,7 @@ impl CmListener {
         }
         let local = ep.with_port(id.src_port());
         tracing::debug!(%local, "rc listening");
-        Ok(Self { id, transport: t.clone(), local, link })
+        Ok(Self { id, transport: t.clone(), local, link, srq })
     }
 
     pub(super) fn local_endpoint(&self) -> &Endpoint {
@@ -240,13 +262,26 @@ impl CmListener {
                 return Err(err);
             }
         };
+        let member = match self.srq.as_ref().map(SharedRecv::admit).transpose() {
+            Ok(m) => m,
+            Err(err) => {
+                tracing::debug!(%peer, error = %err, "rc listener: refusing a connection");
+                // Say why when the SRQ is full; other failures reject plainly.
+                let why = if matches!(err, RcError::SrqFull { .. }) { SRQ_FULL } else { &[] };
+                let data = if why.is_empty() { ptr::null() } else { why.as_ptr().cast() };
+                // SAFETY: live id of a pending request; `data` is null or
+                // `why`, which outlives the call.
+                unsafe { rdma_sys::rdma_reject(id.as_ptr(), data, why.len() as u8) };
+                return Err(transport_err(err));
+            }
+        };
         let io_err = |e| ConnectError::Io { endpoint: peer.to_string(), source: e };
         let ch = EventChannel::new().map_err(io_err)?;
         id.migrate(&ch).map_err(io_err)?;
         check_device(t, &id)?;
         set_ack_timeout(&id, t.inner.cfg.timeout);
         let id = Arc::new(id);
-        let io = prepare(t, &id, &self.link)?;
+        let io = prepare(t, &id, &self.link, member)?;
         let buf_size = t.sizes(&self.link).map_err(transport_err)?.buf_size;
         let ours = zerocast_link::hello_for(&self.link, buf_size).encode();
         let mut param = conn_param(t, &ours);

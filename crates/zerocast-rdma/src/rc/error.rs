@@ -93,9 +93,36 @@ pub enum RcError {
         /// The rejection status.
         status: i32,
     },
+    /// The listener's shared receive queue has no share left for another
+    /// connection; the peer was refused.
+    #[error(
+        "shared receive queue full: {connections} connections hold its {capacity} receives in shares of \
+         {share}; raise `srq` or lower the window"
+    )]
+    SrqFull {
+        /// Connections admitted.
+        connections: usize,
+        /// Receives of the SRQ.
+        capacity: usize,
+        /// Receives (credits) each connection is given.
+        share: usize,
+    },
     /// A setting is out of range.
     #[error("invalid RC setting: {0}")]
     Config(String),
+    /// No pool buffer for a receive or a rendezvous read: the pool is at
+    /// its cap, or growing it failed (a memlock limit, say: the source
+    /// names it).
+    #[error("no pool buffer of {len} bytes for {what}")]
+    Pool {
+        /// What the buffer was for.
+        what: &'static str,
+        /// Bytes asked for.
+        len: usize,
+        /// Why the pool refused.
+        #[source]
+        source: zerocast_mem::PoolError,
+    },
     /// The rdma_cm device differs from the transport's.
     #[error(
         "rdma_cm chose device `{cm}` for this address but the transport's pool is registered on `{pd}`; \

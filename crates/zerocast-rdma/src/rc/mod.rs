@@ -14,7 +14,8 @@
 //!
 //! Credits make RNR impossible: the sender's window is exactly the number
 //! of receives the peer has posted, and a credit is returned only after its
-//! buffer was posted again.
+//! buffer was posted again. A listener with a shared receive queue (`srq`)
+//! keeps that true across its connections; see `srq` for the argument.
 
 mod cm_path;
 mod engine;
@@ -22,6 +23,7 @@ mod error;
 mod one_sided;
 mod oob;
 mod rendezvous;
+mod srq;
 mod write_imm;
 
 use std::fmt;
@@ -34,12 +36,21 @@ use zerocast_mem::{Pool, PoolConfig};
 
 pub use error::{wc_status_name, RcError};
 pub use one_sided::{OneSided, RemoteRegion};
+pub use srq::SrqStats;
+
+/// Receives each RC connection keeps posted beyond its credit window, for
+/// the finishes of the rendezvous it has outstanding (see ARCHITECTURE.md).
+/// With a shared receive queue, a connection's share is its window plus
+/// these.
+pub const RENDEZVOUS_RECEIVES: usize = rendezvous::MAX_PENDING;
 
 use crate::cm::open_cm_device;
 use crate::device::{Device, ProtectionDomain};
 use crate::mr::VerbsRegistrar;
+use crate::srq::{AsyncEvents, Srq};
 use crate::verbs::{CompletionQueue, QpCaps};
 use engine::{Io, Sizes};
+use srq::{Member, SharedRecv, SrqSizes};
 
 /// The RC flavor of [`zerocast_link::Connection`].
 #[derive(Debug)]
@@ -97,6 +108,18 @@ pub struct RcConfig {
     pub min_rnr_timer: u8,
     /// How completions are waited for.
     pub completion: CompletionMode,
+    /// Listeners: receives of one shared receive queue serving every
+    /// accepted connection (0: each connection has its own receive queue).
+    /// Each connection gets a share of them: its window (`link.recv_window`)
+    /// as its credits, plus [`RENDEZVOUS_RECEIVES`] for rendezvous finishes.
+    /// So a listener admits `srq / (recv_window + RENDEZVOUS_RECEIVES)`
+    /// connections and refuses more with [`RcError::SrqFull`]. Per listener: `?srq=N`
+    /// (connecting ignores it).
+    pub srq: u32,
+    /// The SRQ's low watermark: below this many posted receives the device
+    /// raises `IBV_EVENT_SRQ_LIMIT_REACHED` and the SRQ is refilled from the
+    /// pool (0: a quarter of `srq`). Per listener: `?srq_limit=N`.
+    pub srq_limit: u32,
     /// Time allowed for address/route resolution and the handshake.
     pub connect_timeout: Duration,
     /// Test only: return credits without reposting the receive buffer, so
@@ -119,6 +142,8 @@ impl Default for RcConfig {
             timeout: 14,
             min_rnr_timer: 12,
             completion: CompletionMode::Channel,
+            srq: 0,
+            srq_limit: 0,
             connect_timeout: Duration::from_secs(10),
             unsafe_ignore_credits_for_tests: false,
         }
@@ -157,6 +182,13 @@ impl RcConfig {
         self
     }
 
+    /// Give listeners a shared receive queue of `receives` (0: none), with
+    /// the default limit.
+    pub fn with_srq(mut self, receives: u32) -> Self {
+        self.srq = receives;
+        self
+    }
+
     /// Set the device.
     pub fn with_device(mut self, name: Option<String>) -> Self {
         self.device = name;
@@ -186,11 +218,68 @@ impl RcConfig {
                 self.eager_limit
             )));
         }
+        check_srq(self.srq, self.srq_limit, share(self.link.recv_window))?;
         if !(4..=16_384).contains(&self.send_depth) {
             return Err(RcError::Config(format!("send_depth {} must be within 4..=16384", self.send_depth)));
         }
         Ok(())
     }
+}
+
+/// The device's limits in one `tracing` debug line: active MTU, max
+/// inline, max SRQ and max MR. `ibv_query_device` does not report an inline
+/// limit, so `max_inline` is measured with probe QPs (bisection over
+/// `ibv_create_qp`); `max_inline_granted` is what this transport's QPs get
+/// for the configured `max_inline`.
+fn log_device(device: &Device, pd: &Arc<ProtectionDomain>, want_inline: u32) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    let attr = device.context().attr();
+    let port = device.port_attr().ok();
+    let inline = crate::verbs::probe_inline(pd, want_inline);
+    if let Err(e) = &inline {
+        tracing::debug!(error = %e, "probing the inline limit failed");
+    }
+    tracing::debug!(
+        device = device.name(),
+        port = device.port(),
+        active_mtu = port.as_ref().map_or(0, |p| p.active_mtu),
+        max_inline = inline.as_ref().map_or(0, |i| i.device_max),
+        max_inline_granted = inline.as_ref().map_or(0, |i| i.granted),
+        max_qp_wr = attr.max_qp_wr,
+        max_srq = attr.max_srq,
+        max_srq_wr = attr.max_srq_wr,
+        max_mr = attr.max_mr,
+        max_mr_size = attr.max_mr_size,
+        "RC transport on device"
+    );
+}
+
+/// A connection's share of a shared receive queue: its credit window, plus
+/// the receives kept for rendezvous finishes.
+fn share(window: u32) -> u32 {
+    window + RENDEZVOUS_RECEIVES as u32
+}
+
+/// Check SRQ settings: `srq` holds at least one share, the limit is below it.
+fn check_srq(srq: u32, limit: u32, share: u32) -> Result<(), RcError> {
+    if srq == 0 {
+        return Ok(());
+    }
+    if srq > 1 << 20 {
+        return Err(RcError::Config(format!("srq {srq} is above 1048576 receives")));
+    }
+    if srq < share {
+        return Err(RcError::Config(format!(
+            "srq {srq} cannot give one connection its share of {share} receives (its window, plus \
+             {RENDEZVOUS_RECEIVES} for rendezvous)"
+        )));
+    }
+    if limit >= srq {
+        return Err(RcError::Config(format!("srq_limit {limit} must be below srq {srq}")));
+    }
+    Ok(())
 }
 
 /// A pool configuration whose classes reach `link.max_payload`, with a
@@ -214,6 +303,8 @@ struct Inner {
     pd: Arc<ProtectionDomain>,
     pool: Pool,
     cfg: RcConfig,
+    /// The device's async events (SRQ limits), read while an SRQ exists.
+    events: Arc<AsyncEvents>,
 }
 
 /// The RC transport: one device, one protection domain and a pool
@@ -244,18 +335,9 @@ impl RcTransport {
         let registrar = Arc::new(VerbsRegistrar::new(pd.clone()));
         let pool = Pool::new(pool_config_for(&pool, &cfg.link, cfg.eager_limit), registrar)
             .map_err(transport_err)?;
-        if let Ok(port) = device.port_attr() {
-            let attr = device.context().attr();
-            tracing::debug!(
-                device = device.name(),
-                active_mtu = port.active_mtu,
-                max_qp_wr = attr.max_qp_wr,
-                max_srq = attr.max_srq,
-                max_mr_size = attr.max_mr_size,
-                "RC transport on device"
-            );
-        }
-        Ok(Self { inner: Arc::new(Inner { device, pd, pool, cfg }) })
+        log_device(&device, &pd, cfg.max_inline);
+        let events = AsyncEvents::new(device.context());
+        Ok(Self { inner: Arc::new(Inner { device, pd, pool, cfg, events }) })
     }
 
     /// The registered pool every connection of this transport uses.
@@ -322,12 +404,35 @@ impl RcTransport {
             .map_err(|e| RcError::verbs("ibv_create_cq", e))
     }
 
-    fn caps(&self, sizes: &Sizes) -> QpCaps {
+    /// A listener's shared receive queue, when `ep` or the settings ask for one.
+    fn shared_recv(&self, ep: &Endpoint, link: &LinkConfig) -> Result<Option<Arc<SharedRecv>>, ConnectError> {
+        let cfg = &self.inner.cfg;
+        let capacity = ep.param_as::<u32>("srq")?.unwrap_or(cfg.srq);
+        let limit = ep.param_as::<u32>("srq_limit")?.unwrap_or(cfg.srq_limit);
+        if capacity == 0 {
+            return Ok(None);
+        }
+        check_srq(capacity, limit, share(link.recv_window)).map_err(transport_err)?;
+        let limit = if limit == 0 { (capacity / 4).max(1) } else { limit };
+        let buf_size = self.sizes(link).map_err(transport_err)?.buf_size;
+        let sizes = SrqSizes {
+            capacity: capacity as usize,
+            share: share(link.recv_window) as usize,
+            limit,
+            buf_size,
+        };
+        SharedRecv::new(&self.inner.pd, self.inner.pool.clone(), sizes, &self.inner.events)
+            .map(Some)
+            .map_err(transport_err)
+    }
+
+    fn caps<'a>(&self, sizes: &Sizes, srq: Option<&'a Arc<Srq>>) -> QpCaps<'a> {
         QpCaps {
             // The send table's ring, the one-sided slots, rendezvous.
             send_wr: (sizes.send_depth + one_sided::ONE_SIDED_SLOTS + rendezvous::SQ_EXTRA) as u32,
             recv_wr: sizes.posted_receives() as u32,
             max_inline: self.inner.cfg.max_inline,
+            srq,
         }
     }
 
@@ -336,8 +441,10 @@ impl RcTransport {
         qp: crate::verbs::QueuePair,
         cq: Arc<CompletionQueue>,
         sizes: Sizes,
+        srq: Option<Member>,
     ) -> Result<Arc<Io>, RcError> {
         let cfg = &self.inner.cfg;
+        let srq = srq.map(|m| m.with_cq(&cq));
         Io::new(
             qp,
             cq,
@@ -345,6 +452,7 @@ impl RcTransport {
             sizes,
             cfg.completion == CompletionMode::BusyPoll,
             cfg.unsafe_ignore_credits_for_tests,
+            srq,
         )
     }
 
@@ -396,14 +504,17 @@ impl zerocast_core::Transport for RcTransport {
 
     fn listen(&self, ep: &Endpoint) -> Result<RcListener, ConnectError> {
         let link = self.link_config(ep)?;
+        let srq = self.shared_recv(ep, &link)?;
         let kind = match ep.scheme() {
-            Scheme::RcOob => ListenerKind::Oob(oob::OobListener::bind(self, ep, link)?),
-            _ => ListenerKind::Cm(cm_path::CmListener::bind(self, ep, link)?),
+            Scheme::RcOob => ListenerKind::Oob(oob::OobListener::bind(self, ep, link, srq.clone())?),
+            _ => ListenerKind::Cm(cm_path::CmListener::bind(self, ep, link, srq.clone())?),
         };
-        Ok(RcListener { kind })
+        Ok(RcListener { kind, srq })
     }
 
     fn connect(&self, ep: &Endpoint) -> Result<RcConnection, ConnectError> {
+        // `srq` and `srq_limit` shape the listener's side only; a
+        // listener's endpoint (with them) is also where its peers connect.
         let link = self.link_config(ep)?;
         match ep.scheme() {
             Scheme::RcOob => oob::connect(self, ep, link),
@@ -422,6 +533,16 @@ enum ListenerKind {
 #[derive(Debug)]
 pub struct RcListener {
     kind: ListenerKind,
+    /// The shared receive queue of the accepted connections, if any.
+    srq: Option<Arc<SharedRecv>>,
+}
+
+impl RcListener {
+    /// The counters of this listener's shared receive queue (`None`
+    /// without one).
+    pub fn srq_stats(&self) -> Option<SrqStats> {
+        self.srq.as_ref().map(|s| s.stats())
+    }
 }
 
 impl zerocast_core::Listener for RcListener {
@@ -463,6 +584,20 @@ mod tests {
         assert!(RcConfig::default().with_timeout(14, 8).validate().is_err());
         assert!(RcConfig::default().with_rnr_retry(8).validate().is_err());
         assert!(RcConfig::default().with_rnr_retry(0).validate().is_ok());
+    }
+
+    #[test]
+    fn srq_settings_are_checked() {
+        assert!(check_srq(0, 0, 64).is_ok(), "no SRQ");
+        assert!(check_srq(256, 0, 4).is_ok());
+        assert!(check_srq(256, 255, 4).is_ok());
+        let err = check_srq(32, 0, 64).expect_err("smaller than a share");
+        assert!(err.to_string().contains("share of 64"), "{err}");
+        assert!(check_srq(32, 32, 8).is_err(), "limit not below the SRQ");
+        assert!(check_srq((1 << 20) + 1, 0, 8).is_err(), "too large");
+        let cfg = RcConfig::default().with_srq(16);
+        assert!(cfg.validate().is_err(), "16 receives cannot hold the default window of 64");
+        assert!(RcConfig::default().with_srq(128).validate().is_ok());
     }
 
     #[test]

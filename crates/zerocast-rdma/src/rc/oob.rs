@@ -15,10 +15,14 @@ use rdma_sys::{ibv_access_flags, ibv_gid, ibv_qp_attr, ibv_qp_attr_mask as m, ib
 use zerocast_core::{ConnError, ConnectError, Endpoint, Hello, LinkConfig};
 
 use super::engine::Io;
+use super::srq::SharedRecv;
 use super::{resolve, transport_err, RcConnection, RcError, RcTransport};
 use crate::verbs::QueuePair;
 
 const MAGIC: &[u8; 4] = b"ZCOB";
+/// A listener's answer instead of its [`OobInfo`] when its shared receive
+/// queue has no share left.
+const REFUSED: &[u8; 4] = b"ZCRF";
 const INFO_LEN: usize = 4 + 24 + 4 + 4 + 2 + 16 + 4 + 8;
 
 /// What each side tells the other over the side channel.
@@ -218,19 +222,35 @@ fn establish(
     ep: &Endpoint,
     peer: Endpoint,
     link: LinkConfig,
+    srq: Option<&Arc<SharedRecv>>,
 ) -> Result<RcConnection, ConnectError> {
     let io_err = |e| ConnectError::Io { endpoint: peer.to_string(), source: e };
     let handshake = |source: ConnError| ConnectError::Handshake { endpoint: peer.to_string(), source };
     sock.set_nodelay(true).map_err(io_err)?;
     sock.set_read_timeout(Some(t.inner.cfg.connect_timeout)).map_err(io_err)?;
+    let member = match srq.map(SharedRecv::admit).transpose() {
+        Ok(admitted) => admitted,
+        Err(err) => {
+            tracing::debug!(%peer, error = %err, "rc+oob listener: refusing a connection");
+            // Read the peer's record first, so closing sends FIN, not RST.
+            let mut theirs = [0u8; INFO_LEN];
+            let _ = sock.read_exact(&mut theirs);
+            let mut no = [0u8; INFO_LEN];
+            no[..4].copy_from_slice(REFUSED);
+            let _ = sock.write_all(&no);
+            let _ = sock.shutdown(Shutdown::Both);
+            return Err(transport_err(err));
+        }
+    };
     let local = local_port(t, ep).map_err(transport_err)?;
     let sizes = t.sizes(&link).map_err(transport_err)?;
     let cq = t.cq(&sizes).map_err(transport_err)?;
-    let qp = QueuePair::create(&t.inner.pd, &cq, t.caps(&sizes))
+    let shared = member.as_ref().map(|admitted| admitted.shared().srq());
+    let qp = QueuePair::create(&t.inner.pd, &cq, t.caps(&sizes, shared))
         .map_err(|e| transport_err(RcError::verbs("ibv_create_qp", e)))?;
     to_init(&qp, local.qp_port).map_err(transport_err)?;
     let qpn = qp.qp_num();
-    let io = t.new_io(qp, cq, sizes).map_err(transport_err)?;
+    let io = t.new_io(qp, cq, sizes, member).map_err(transport_err)?;
     let psn = random_psn();
     let ours = OobInfo {
         hello: zerocast_link::hello_for(&link, sizes.buf_size),
@@ -244,6 +264,11 @@ fn establish(
     sock.write_all(&ours.encode()).map_err(io_err)?;
     let mut buf = [0u8; INFO_LEN];
     sock.read_exact(&mut buf).map_err(io_err)?;
+    if &buf[..4] == REFUSED {
+        return Err(ConnectError::Refused(format!(
+            "{peer}: the listener's shared receive queue has no share left for another connection"
+        )));
+    }
     let theirs = OobInfo::decode(&buf).map_err(handshake)?;
     to_rtr_rts(t, io.qp(), &local, psn, &theirs).map_err(transport_err)?;
     // Ready: neither side sends before the other's QP can receive.
@@ -306,7 +331,7 @@ pub(super) fn connect(
     let addr = resolve(ep)?;
     let sock = TcpStream::connect_timeout(&addr, t.inner.cfg.connect_timeout)
         .map_err(|e| ConnectError::Io { endpoint: ep.to_string(), source: e })?;
-    establish(t, sock, ep, ep.clone(), link)
+    establish(t, sock, ep, ep.clone(), link, None)
 }
 
 /// The TCP listener of `rc+oob://`.
@@ -316,17 +341,23 @@ pub(super) struct OobListener {
     transport: RcTransport,
     local: Endpoint,
     link: LinkConfig,
+    srq: Option<Arc<SharedRecv>>,
 }
 
 impl OobListener {
-    pub(super) fn bind(t: &RcTransport, ep: &Endpoint, link: LinkConfig) -> Result<Self, ConnectError> {
+    pub(super) fn bind(
+        t: &RcTransport,
+        ep: &Endpoint,
+        link: LinkConfig,
+        srq: Option<Arc<SharedRecv>>,
+    ) -> Result<Self, ConnectError> {
         let addr = resolve(ep)?;
         let sock = TcpListener::bind(addr).map_err(|e| match e.kind() {
             std::io::ErrorKind::AddrInUse => ConnectError::InUse(ep.to_string()),
             _ => ConnectError::Io { endpoint: ep.to_string(), source: e },
         })?;
         let port = sock.local_addr().map(|a| a.port()).unwrap_or(0);
-        Ok(Self { sock, transport: t.clone(), local: ep.with_port(port), link })
+        Ok(Self { sock, transport: t.clone(), local: ep.with_port(port), link, srq })
     }
 
     pub(super) fn local_endpoint(&self) -> &Endpoint {
@@ -339,7 +370,7 @@ impl OobListener {
             .accept()
             .map_err(|e| ConnectError::Io { endpoint: self.local.to_string(), source: e })?;
         let peer = Endpoint::parse(&format!("rc+oob://{addr}")).unwrap_or_else(|_| self.local.clone());
-        establish(&self.transport, sock, &self.local, peer, self.link)
+        establish(&self.transport, sock, &self.local, peer, self.link, self.srq.as_ref())
     }
 }
 

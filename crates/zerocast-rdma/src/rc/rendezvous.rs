@@ -251,8 +251,10 @@ fn process(io: &Io, driver: &Driver, st: &mut Inbound, a: Arrival) -> Result<(),
 
 fn start_read(io: &Io, st: &mut Inbound, header: Header, d: Descriptor) -> Result<(), RcError> {
     let len = d.len as usize;
-    let buf = io.pool().alloc(len, Wait::For(ALLOC_WAIT)).map_err(|e| {
-        RcError::Config(format!("no pool buffer of {len} bytes to read a rendezvous message into: {e}"))
+    let buf = io.pool().alloc(len, Wait::For(ALLOC_WAIT)).map_err(|source| RcError::Pool {
+        what: "a rendezvous read",
+        len,
+        source,
     })?;
     let mut sge = ibv_sge { addr: buf.addr(), length: d.len, lkey: buf.keys().lkey };
     // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).

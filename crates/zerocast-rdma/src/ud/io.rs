@@ -110,6 +110,7 @@ impl Io {
             send_wr: sizes.send_depth as u32,
             recv_wr: sizes.recv_depth as u32,
             max_inline: 0,
+            srq: None,
         };
         let qp = QueuePair::create_ud(pd, &send_cq, &recv_cq, caps)
             .map_err(|e| UdError::verbs("ibv_create_qp(UD)", e))?;

@@ -22,7 +22,10 @@ const HB: Duration = Duration::from_millis(200);
 
 fn tcp(heartbeat: Option<Duration>) -> Transport {
     let link = LinkConfig::default().with_recv_window(16).with_heartbeat(heartbeat);
-    Transport { zc: Zerocast::with_config(Config::default().with_link(link)), listen_uri: "tcp://127.0.0.1:0" }
+    Transport {
+        zc: Zerocast::with_config(Config::default().with_link(link)),
+        listen_uri: "tcp://127.0.0.1:0",
+    }
 }
 
 fn pool(t: &Transport) -> zerocast::Pool {
@@ -40,11 +43,7 @@ fn tcp_peer_killed_mid_stream() {
     let r = failure::peer_killed(&t, &pool(&t), "tcp_peer_killed_mid_stream", Duration::from_secs(1));
     println!("tcp: peer killed, typed error after {:?}: {}", r.detected, r.error);
     println!("tcp: bystander verified {} messages after the kill", r.bystander_after);
-    assert!(
-        matches!(r.error, ConnError::Aborted | ConnError::Io(_)),
-        "not a peer-gone error: {:?}",
-        r.error
-    );
+    assert!(matches!(r.error, ConnError::Aborted | ConnError::Io(_)), "not a peer-gone error: {:?}", r.error);
 }
 
 /// A stopped peer process (its kernel still ACKs): heartbeats catch it.

@@ -27,6 +27,12 @@ pub struct LinkConfig {
     /// else to send), and fails the connection with
     /// [`ConnError::HeartbeatTimeout`](crate::ConnError::HeartbeatTimeout)
     /// once nothing came from the peer for [`HEARTBEAT_MISSES`] intervals.
+    ///
+    /// Off by default: it costs a wake-up per interval per connection, and
+    /// the right interval depends on how long the deployment's threads can
+    /// stall (a too-short one fails live connections). A dead peer process
+    /// is detected without it; a silent one (stopped, or behind a cut link)
+    /// only with it.
     pub heartbeat: Option<Duration>,
 }
 

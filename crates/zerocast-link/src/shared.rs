@@ -99,10 +99,8 @@ impl Shared {
             last_rx: Instant::now(),
             last_tx: Instant::now(),
         };
-        let heartbeat = zerocast_core::negotiated_heartbeat(
-            setup.config.heartbeat_ms(),
-            setup.peer_hello.heartbeat_ms,
-        );
+        let heartbeat =
+            zerocast_core::negotiated_heartbeat(setup.config.heartbeat_ms(), setup.peer_hello.heartbeat_ms);
         let shared = Shared {
             state: Mutex::new(state),
             credit_cv: Condvar::new(),

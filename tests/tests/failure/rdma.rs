@@ -50,10 +50,8 @@ fn killed(scheme: &str, name: &str) {
     // is none, and a send that reaches the peer's QP as the kernel destroys
     // it is refused (remote operation error), or, later, not acknowledged.
     assert!(
-        matches!(
-            rc_error(&r.error),
-            Some(RcError::PeerDisconnected | RcError::RetryExceeded)
-        ) || matches!(rc_error(&r.error), Some(RcError::Completion { status, .. }) if *status == IBV_WC_REM_OP_ERR),
+        matches!(rc_error(&r.error), Some(RcError::PeerDisconnected | RcError::RetryExceeded))
+            || matches!(rc_error(&r.error), Some(RcError::Completion { status, .. }) if *status == IBV_WC_REM_OP_ERR),
         "not a peer-gone error: {:?}",
         r.error
     );
@@ -110,7 +108,13 @@ fn rc_reconnect_to_restarted_peer() {
     }
     let t = rc("rc", None);
     let listen = format!("rc://{}:0", addr());
-    failure::reconnect(&t, &pool(&t), "rdma::rc_reconnect_to_restarted_peer", &listen, Duration::from_secs(5));
+    failure::reconnect(
+        &t,
+        &pool(&t),
+        "rdma::rc_reconnect_to_restarted_peer",
+        &listen,
+        Duration::from_secs(5),
+    );
 }
 
 /// `rdma resource show` counts of qp, cq, mr and pd on the test device,

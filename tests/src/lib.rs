@@ -10,6 +10,7 @@
 
 pub mod checksum;
 pub mod datagram_suite;
+pub mod failure;
 pub mod suite;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -29,7 +29,7 @@ fn listen(zc: &Zerocast) -> (Listener, SocketAddr) {
 /// afterwards), and the server's side of that connection.
 fn handshaken(listener: &Listener, addr: SocketAddr, window: u32) -> (TcpStream, zerocast::Connection) {
     let mut s = TcpStream::connect(addr).expect("connect");
-    let hello = Hello { window, max_payload: 1 << 20, recv_buf_size: 0, flags: 0 };
+    let hello = Hello { window, max_payload: 1 << 20, recv_buf_size: 0, heartbeat_ms: 0 };
     s.write_all(&Header::new(FrameKind::Control, 0, 0, HELLO_LEN as u64).encode()).expect("write");
     s.write_all(&hello.encode()).expect("write");
     let server = listener.accept().expect("accept");

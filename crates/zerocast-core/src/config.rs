@@ -1,6 +1,15 @@
 //! Connection settings shared by every backend.
 
+use std::time::Duration;
+
 use crate::credit::{MAX_WINDOW, MIN_WINDOW};
+use crate::uri::{Endpoint, UriError};
+
+/// The shortest heartbeat interval: shorter ones are raised to it (a peer
+/// asking for less in its hello included).
+pub const MIN_HEARTBEAT: Duration = Duration::from_millis(10);
+/// Silent heartbeat intervals after which the peer is declared gone.
+pub const HEARTBEAT_MISSES: u32 = 3;
 
 /// Settings for one connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,11 +21,24 @@ pub struct LinkConfig {
     pub max_payload: u64,
     /// Frames gathered into one write (stream transports).
     pub max_batch: usize,
+    /// Heartbeat interval, off (`None`) by default. When either side sets
+    /// one, the connection uses the shorter of the two: each side sends a
+    /// frame at least this often (an empty credit frame when it has nothing
+    /// else to send), and fails the connection with
+    /// [`ConnError::HeartbeatTimeout`](crate::ConnError::HeartbeatTimeout)
+    /// once nothing came from the peer for [`HEARTBEAT_MISSES`] intervals.
+    ///
+    /// Off by default: it costs a wake-up per interval per connection, and
+    /// the right interval depends on how long the deployment's threads can
+    /// stall (a too-short one fails live connections). A dead peer process
+    /// is detected without it; a silent one (stopped, or behind a cut link)
+    /// only with it.
+    pub heartbeat: Option<Duration>,
 }
 
 impl Default for LinkConfig {
     fn default() -> Self {
-        Self { recv_window: 64, max_payload: 1 << 20, max_batch: 64 }
+        Self { recv_window: 64, max_payload: 1 << 20, max_batch: 64, heartbeat: None }
     }
 }
 
@@ -40,7 +62,33 @@ impl LinkConfig {
         if self.max_batch == 0 || self.max_batch > 1024 {
             return Err(ConfigError(format!("max_batch {} must be within 1..=1024", self.max_batch)));
         }
+        if let Some(hb) = self.heartbeat {
+            if hb < MIN_HEARTBEAT || hb.as_millis() > u128::from(u32::MAX) {
+                return Err(ConfigError(format!(
+                    "heartbeat {hb:?} must be within {MIN_HEARTBEAT:?}..={}ms",
+                    u32::MAX
+                )));
+            }
+        }
         Ok(())
+    }
+
+    /// Apply an endpoint's connection parameters: `window=N` (the receive
+    /// window) and `heartbeat_ms=N` (the heartbeat interval; 0 turns it off).
+    pub fn apply_params(&mut self, ep: &Endpoint) -> Result<(), UriError> {
+        if let Some(w) = ep.param_as::<u32>("window")? {
+            self.recv_window = w;
+        }
+        if let Some(ms) = ep.param_as::<u32>("heartbeat_ms")? {
+            self.heartbeat = (ms > 0).then(|| Duration::from_millis(u64::from(ms)));
+        }
+        Ok(())
+    }
+
+    /// The heartbeat interval in whole milliseconds, as announced in the
+    /// hello (0: off).
+    pub fn heartbeat_ms(&self) -> u32 {
+        self.heartbeat.map_or(0, |d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1))
     }
 
     /// Set the receive window.
@@ -59,5 +107,45 @@ impl LinkConfig {
     pub fn with_max_batch(mut self, n: usize) -> Self {
         self.max_batch = n;
         self
+    }
+
+    /// Set the heartbeat interval (`None`: off).
+    pub fn with_heartbeat(mut self, interval: Option<Duration>) -> Self {
+        self.heartbeat = interval;
+        self
+    }
+}
+
+/// The heartbeat interval a connection uses: the shorter of the two sides'
+/// (in milliseconds, 0 meaning off), raised to [`MIN_HEARTBEAT`]; `None`
+/// when both are off.
+pub fn negotiated_heartbeat(local_ms: u32, peer_ms: u32) -> Option<Duration> {
+    let ms = match (local_ms, peer_ms) {
+        (0, 0) => return None,
+        (0, x) | (x, 0) => x,
+        (a, b) => a.min(b),
+    };
+    Some(Duration::from_millis(u64::from(ms)).max(MIN_HEARTBEAT))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeat_settings() {
+        assert_eq!(negotiated_heartbeat(0, 0), None);
+        assert_eq!(negotiated_heartbeat(0, 250), Some(Duration::from_millis(250)));
+        assert_eq!(negotiated_heartbeat(100, 250), Some(Duration::from_millis(100)));
+        assert_eq!(negotiated_heartbeat(1, 0), Some(MIN_HEARTBEAT));
+        let mut c = LinkConfig::default();
+        assert_eq!(c.heartbeat_ms(), 0);
+        c.apply_params(&Endpoint::parse("tcp://h:1?heartbeat_ms=200&window=8").unwrap()).unwrap();
+        assert_eq!((c.heartbeat, c.recv_window), (Some(Duration::from_millis(200)), 8));
+        assert_eq!(c.heartbeat_ms(), 200);
+        c.validate().unwrap();
+        c.apply_params(&Endpoint::parse("tcp://h:1?heartbeat_ms=0").unwrap()).unwrap();
+        assert_eq!(c.heartbeat, None);
+        assert!(c.with_heartbeat(Some(Duration::from_millis(1))).validate().is_err());
     }
 }

@@ -16,6 +16,13 @@
 //! number and piggybacked credits when it is actually written. A reservation
 //! that is never sent goes back with [`Credits::cancel`].
 //!
+//! A heartbeat is an explicit credit frame sent because the writer was idle
+//! ([`Credits::poll_heartbeat_frame`]). It pays with a data credit, never the
+//! reserved one, so it cannot take the credit a credit frame needs: for the
+//! accounting it is a data frame whose buffer is released on arrival. A
+//! peer that cannot send one is starved by us, which
+//! [`Credits::peer_may_be_starved`] tells, so its silence is not a failure.
+//!
 //! The machine never reads a clock and never touches I/O.
 
 use crate::frame::{FrameKind, Header};
@@ -93,8 +100,10 @@ pub enum CreditError {
 pub struct CreditStats {
     /// Data frames sent.
     pub data_sent: u64,
-    /// Credit frames sent.
+    /// Credit frames sent (heartbeats included).
     pub credit_frames_sent: u64,
+    /// Heartbeats sent: credit frames sent only because the writer was idle.
+    pub heartbeats_sent: u64,
     /// Times [`Credits::reserve`] reported [`Blocked`].
     pub blocked: u64,
     /// Data frames received.
@@ -213,6 +222,29 @@ impl Credits {
         }
         self.avail -= 1;
         Some(self.stamp())
+    }
+
+    /// Take a data credit for, and stamp, a heartbeat: an explicit credit
+    /// frame (returning whatever is owed) that a writer idle for a heartbeat
+    /// interval sends. `None` while a data frame would be [`Blocked`]: the
+    /// reserved credit stays for credit frames.
+    pub fn poll_heartbeat_frame(&mut self) -> Option<Stamp> {
+        if self.avail < 2 {
+            return None;
+        }
+        self.avail -= 1;
+        self.stats.credit_frames_sent += 1;
+        self.stats.heartbeats_sent += 1;
+        Some(self.stamp())
+    }
+
+    /// Whether the peer may lack the two credits a heartbeat takes because
+    /// of us: fewer than two of our buffers are free for it (the rest are
+    /// held by our application or owed back). Its silence then proves
+    /// nothing. Exact when nothing is in flight either way; with frames or
+    /// credits in flight the peer has at most this much, and those arrive.
+    pub fn peer_may_be_starved(&self) -> bool {
+        self.window.saturating_sub(self.held + self.owed) < 2
     }
 
     fn stamp(&mut self) -> Stamp {

@@ -50,6 +50,23 @@ pub enum ConnError {
     /// No progress within the configured time (for example a peer that stopped mid-frame).
     #[error("connection timed out: {0}")]
     TimedOut(&'static str),
+    /// The peer's stream ended without its goodbye: the peer process died or
+    /// dropped the connection without closing it.
+    #[error("the peer ended the connection without a goodbye (its process died or reset the connection)")]
+    Aborted,
+    /// Heartbeats were on and nothing at all came from the peer for
+    /// [`HEARTBEAT_MISSES`](crate::HEARTBEAT_MISSES) intervals: the peer
+    /// process hangs, or the path to it is down, without a FIN or RST.
+    #[error(
+        "no frame from the peer for {silent_ms} ms (heartbeat every {interval_ms} ms): \
+         the peer stopped or the path to it is down"
+    )]
+    HeartbeatTimeout {
+        /// Milliseconds since the last frame from the peer.
+        silent_ms: u64,
+        /// The connection's heartbeat interval, in milliseconds.
+        interval_ms: u64,
+    },
 }
 
 impl From<io::Error> for ConnError {

@@ -23,8 +23,9 @@ pub struct Hello {
     pub max_payload: u64,
     /// Size of each posted receive buffer (RDMA: the largest send that fits).
     pub recv_buf_size: u32,
-    /// Capability bits, reserved; zero today.
-    pub flags: u32,
+    /// The heartbeat interval this side asks for, in milliseconds (0: off).
+    /// The connection uses the shorter of the two sides' nonzero values.
+    pub heartbeat_ms: u32,
 }
 
 /// The peer's handshake is malformed or incompatible.
@@ -57,7 +58,7 @@ impl Hello {
         b[4..8].copy_from_slice(&self.window.to_le_bytes());
         b[8..16].copy_from_slice(&self.max_payload.to_le_bytes());
         b[16..20].copy_from_slice(&self.recv_buf_size.to_le_bytes());
-        b[20..24].copy_from_slice(&self.flags.to_le_bytes());
+        b[20..24].copy_from_slice(&self.heartbeat_ms.to_le_bytes());
         b
     }
 
@@ -83,7 +84,7 @@ impl Hello {
             window,
             max_payload: u64::from_le_bytes(mp),
             recv_buf_size: u32_at(16),
-            flags: u32_at(20),
+            heartbeat_ms: u32_at(20),
         })
     }
 }
@@ -95,7 +96,7 @@ mod tests {
 
     #[test]
     fn roundtrip_and_errors() {
-        let h = Hello { window: 64, max_payload: 1 << 20, recv_buf_size: 4096, flags: 0 };
+        let h = Hello { window: 64, max_payload: 1 << 20, recv_buf_size: 4096, heartbeat_ms: 250 };
         assert_eq!(Hello::decode(&h.encode()), Ok(h));
         let mut b = h.encode();
         b[3] = 9;

@@ -28,7 +28,7 @@ pub mod seq;
 pub mod transport;
 pub mod uri;
 
-pub use config::{ConfigError, LinkConfig};
+pub use config::{negotiated_heartbeat, ConfigError, LinkConfig, HEARTBEAT_MISSES, MIN_HEARTBEAT};
 pub use credit::{Blocked, CreditError, Credits, Reservation, Stamp};
 pub use error::{ConnError, ConnectError, RecvError, SendError};
 pub use frame::{FrameError, FrameKind, Header, HEADER_LEN};

@@ -57,12 +57,12 @@ impl Scheme {
 
     fn params(self) -> &'static [&'static str] {
         match self {
-            Scheme::Tcp => &["window"],
-            Scheme::Rc | Scheme::RcOob => &["window", "dev", "gid_index", "srq", "srq_limit"],
+            Scheme::Tcp => &["window", "heartbeat_ms"],
+            Scheme::Rc | Scheme::RcOob => &["window", "heartbeat_ms", "dev", "gid_index", "srq", "srq_limit"],
             Scheme::Ud => &["iface", "dev"],
             Scheme::Mcast => &["iface", "dev", "ttl", "loop"],
-            Scheme::Mem => &["window"],
-            Scheme::Auto => &["window"],
+            Scheme::Mem => &["window", "heartbeat_ms"],
+            Scheme::Auto => &["window", "heartbeat_ms"],
         }
     }
 }

@@ -72,9 +72,7 @@ impl MemTransport {
             });
         }
         let mut link = self.link;
-        if let Some(w) = ep.param_as::<u32>("window")? {
-            link.recv_window = w;
-        }
+        link.apply_params(ep)?;
         link.validate().map_err(|e| ConnectError::Transport(Box::new(e)))?;
         Ok(link)
     }

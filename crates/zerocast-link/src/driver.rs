@@ -2,9 +2,10 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::Receiver;
-use zerocast_core::{ConnError, FrameKind, Header};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use zerocast_core::{ConnError, FrameKind, Header, HEARTBEAT_MISSES};
 use zerocast_mem::{Buf, Pool};
 
 use crate::shared::{Delivery, Outgoing, Shared, State};
@@ -50,6 +51,12 @@ impl Driver {
     /// Returns `false` when the writer should stop: the connection failed,
     /// or both sides said goodbye. Frames already in `batch` on a `true`
     /// return must be written; on `false` the batch is empty.
+    ///
+    /// With heartbeats on, it also returns at least once per interval: with
+    /// a heartbeat (an empty credit frame) when nothing else went out for an
+    /// interval, or `false` when the peer was silent for
+    /// [`HEARTBEAT_MISSES`] intervals (the connection has then failed with
+    /// [`ConnError::HeartbeatTimeout`]).
     pub fn next_batch(&self, batch: &mut Vec<Frame>) -> bool {
         loop {
             {
@@ -60,17 +67,33 @@ impl Driver {
                     return false;
                 }
             }
-            let first = match self.outgoing.recv() {
-                Ok(item) => item,
-                // Unreachable while `Shared` holds the sender; stop anyway.
-                Err(_) => return false,
+            let first = match self.shared.heartbeat {
+                None => match self.outgoing.recv() {
+                    Ok(item) => Some(item),
+                    // Unreachable while `Shared` holds the sender; stop anyway.
+                    Err(_) => return false,
+                },
+                Some(hb) => {
+                    let deadline = {
+                        let st = self.shared.lock();
+                        (st.last_tx + hb).min(st.last_rx + hb * HEARTBEAT_MISSES)
+                    };
+                    match self.outgoing.recv_deadline(deadline) {
+                        Ok(item) => Some(item),
+                        Err(RecvTimeoutError::Timeout) => None,
+                        Err(RecvTimeoutError::Disconnected) => return false,
+                    }
+                }
             };
             let mut st = self.shared.lock();
-            self.stamp(&mut st, first, batch);
-            while batch.len() < self.shared.max_batch {
-                match self.outgoing.try_recv() {
-                    Ok(item) => self.stamp(&mut st, item, batch),
-                    Err(_) => break,
+            let starved = st.credits.peer_may_be_starved();
+            if let Some(first) = first {
+                self.stamp(&mut st, first, batch);
+                while batch.len() < self.shared.max_batch {
+                    match self.outgoing.try_recv() {
+                        Ok(item) => self.stamp(&mut st, item, batch),
+                        Err(_) => break,
+                    }
                 }
             }
             if st.failed.is_some() {
@@ -88,12 +111,85 @@ impl Driver {
                     batch.push(Frame { header: stamp.header(FrameKind::Control, 0), payload: None, tag: 0 });
                 }
             }
+            if let Some(hb) = self.shared.heartbeat {
+                let now = Instant::now();
+                // Credits this batch returns may end the peer's starvation:
+                // its silence counts from now.
+                if starved {
+                    st.last_rx = st.last_rx.max(now);
+                }
+                if let Err(e) = self.check_silence(&mut st, now, hb) {
+                    self.fail_locked(&mut st, e);
+                    batch.clear();
+                    return false;
+                }
+                if batch.is_empty() && now >= st.last_tx + hb {
+                    if let Some(stamp) = st.credits.poll_heartbeat_frame() {
+                        let header = stamp.header(FrameKind::Credit, 0);
+                        batch.push(Frame { header, payload: None, tag: 0 });
+                    }
+                    // Sent, or blocked: the peer holds our credits, so it
+                    // does not count our silence; try again next interval.
+                    st.last_tx = now;
+                }
+                if !batch.is_empty() {
+                    st.last_tx = now;
+                }
+            }
             if !batch.is_empty() {
                 return true;
             }
             if st.goodbye_sent && st.peer_closed {
                 return false;
             }
+        }
+    }
+
+    /// The heartbeat check: `Err` when the peer was silent for
+    /// [`HEARTBEAT_MISSES`] intervals although it had the credit to talk.
+    fn check_silence(&self, st: &mut State, now: Instant, hb: Duration) -> Result<(), ConnError> {
+        if st.credits.peer_may_be_starved() {
+            // Our application holds (or we still owe) the peer's credits:
+            // it may be unable to send even a heartbeat.
+            st.last_rx = st.last_rx.max(now);
+            return Ok(());
+        }
+        let silent = now.saturating_duration_since(st.last_rx);
+        if silent >= hb * HEARTBEAT_MISSES {
+            return Err(ConnError::HeartbeatTimeout {
+                silent_ms: silent.as_millis() as u64,
+                interval_ms: hb.as_millis() as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// For a backend thread blocked in I/O (a write the peer does not
+    /// drain): run the heartbeat check now. `Err` when the connection has
+    /// failed, by this check or before.
+    pub fn check_heartbeat(&self) -> Result<(), ConnError> {
+        let mut st = self.shared.lock();
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        let Some(hb) = self.shared.heartbeat else { return Ok(()) };
+        if let Err(e) = self.check_silence(&mut st, Instant::now(), hb) {
+            self.fail_locked(&mut st, e.clone());
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The heartbeat interval the two sides agreed on, if heartbeats are on.
+    pub fn heartbeat(&self) -> Option<Duration> {
+        self.shared.heartbeat
+    }
+
+    /// Bytes of a frame arrived (a long payload still being read): the peer
+    /// is alive, whatever the frame turns out to be.
+    pub fn on_activity(&self) {
+        if self.shared.heartbeat.is_some() {
+            self.shared.lock().last_rx = Instant::now();
         }
     }
 
@@ -133,6 +229,9 @@ impl Driver {
         imm: Option<u32>,
     ) -> Result<(), ConnError> {
         let mut st = self.shared.lock();
+        if self.shared.heartbeat.is_some() {
+            st.last_rx = Instant::now();
+        }
         if let Err(e) = st.credits.on_receive(&header) {
             drop(st);
             return Err(self.fail(e.into()));
@@ -180,9 +279,15 @@ impl Driver {
         self.shared.release_one();
     }
 
-    /// The peer's stream ended cleanly at a frame boundary.
+    /// The peer's stream ended at a frame boundary. After the peer's
+    /// goodbye that is the normal end; without one the peer vanished (its
+    /// process died, say) and the connection fails with
+    /// [`ConnError::Aborted`].
     pub fn on_end(&self) {
         let mut st = self.shared.lock();
+        if !st.peer_closed {
+            self.fail_locked(&mut st, ConnError::Aborted);
+        }
         st.peer_closed = true;
         self.shared.end(&mut st);
     }
@@ -191,12 +296,21 @@ impl Driver {
     /// after the messages already delivered). Returns `err` for convenience.
     pub fn fail(&self, err: ConnError) -> ConnError {
         let mut st = self.shared.lock();
+        self.fail_locked(&mut st, err.clone());
+        err
+    }
+
+    fn fail_locked(&self, st: &mut State, err: ConnError) {
         if st.failed.is_none() {
             tracing::debug!(peer = %self.shared.peer, error = %err, "connection failed");
-            st.failed = Some(err.clone());
+            st.failed = Some(err);
         }
-        self.shared.end(&mut st);
-        err
+        self.shared.end(st);
+    }
+
+    /// Why the connection failed, if it did.
+    pub fn error(&self) -> Option<ConnError> {
+        self.shared.lock().failed.clone()
     }
 
     /// The writer stopped: what it was given is out (on RDMA: acknowledged).

@@ -13,6 +13,12 @@
 //! Credits themselves are the sans-IO [`zerocast_core::Credits`] machine; this
 //! crate only puts it behind a mutex and wakes the right thread.
 //!
+//! Heartbeats live here too: with an interval negotiated in the hello, the
+//! writer's [`Driver::next_batch`] wakes at least once per interval, sends an
+//! empty credit frame when nothing else went out, and fails the connection
+//! with [`ConnError::HeartbeatTimeout`] when nothing came from the peer for
+//! [`zerocast_core::HEARTBEAT_MISSES`] intervals.
+//!
 //! It does **not** open sockets or devices, and it spawns no threads: the
 //! backend owns its I/O threads and drives the [`Driver`] from them.
 
@@ -75,6 +81,6 @@ pub fn hello_for(config: &LinkConfig, buf_size: usize) -> Hello {
         window: config.recv_window,
         max_payload: config.max_payload,
         recv_buf_size: u32::try_from(buf_size).unwrap_or(u32::MAX),
-        flags: 0,
+        heartbeat_ms: config.heartbeat_ms(),
     }
 }

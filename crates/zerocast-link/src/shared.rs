@@ -1,6 +1,7 @@
 //! State shared by the application handles and the backend's threads.
 
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 use zerocast_core::{ConnError, Credits, Endpoint};
@@ -47,6 +48,11 @@ pub(crate) struct State {
     /// The backend's writer is done: everything it was given, the goodbye
     /// included, is out (and, on RDMA, acknowledged).
     pub(crate) writer_done: bool,
+    /// Heartbeats on: when the last frame came from the peer (or when the
+    /// peer last stopped being starved of credit by us).
+    pub(crate) last_rx: Instant,
+    /// Heartbeats on: when the writer last took a batch.
+    pub(crate) last_tx: Instant,
 }
 
 #[derive(Debug)]
@@ -63,6 +69,8 @@ pub(crate) struct Shared {
     pub(crate) max_message: usize,
     pub(crate) max_batch: usize,
     pub(crate) max_payload: u64,
+    /// The connection's heartbeat interval, if heartbeats are on.
+    pub(crate) heartbeat: Option<Duration>,
 }
 
 impl Shared {
@@ -92,7 +100,11 @@ impl Shared {
             wake_queued: false,
             ended: false,
             writer_done: false,
+            last_rx: Instant::now(),
+            last_tx: Instant::now(),
         };
+        let heartbeat =
+            zerocast_core::negotiated_heartbeat(setup.config.heartbeat_ms(), setup.peer_hello.heartbeat_ms);
         let shared = Shared {
             state: Mutex::new(state),
             credit_cv: Condvar::new(),
@@ -105,6 +117,7 @@ impl Shared {
             max_message,
             max_batch: setup.config.max_batch,
             max_payload: setup.config.max_payload,
+            heartbeat,
         };
         (shared, rx, reposts_rx)
     }

@@ -44,6 +44,9 @@ enum Step {
     Read(usize),
     /// The writer of a side has nothing to send: flush a credit frame if due.
     Flush(usize),
+    /// The writer of a side was idle for a heartbeat interval: send a
+    /// heartbeat if a data credit allows.
+    Heartbeat(usize),
     /// A side with nothing left to send says goodbye.
     Goodbye(usize),
     /// Nothing happens (a delay).
@@ -58,6 +61,7 @@ fn step() -> impl Strategy<Value = Step> {
         3 => side.clone().prop_map(Step::Deliver),
         2 => side.clone().prop_map(Step::Read),
         1 => side.clone().prop_map(Step::Flush),
+        1 => side.clone().prop_map(Step::Heartbeat),
         1 => side.prop_map(Step::Goodbye),
         1 => Just(Step::Idle),
     ]
@@ -134,6 +138,23 @@ impl Pair {
                     None => false,
                 }
             }
+            Step::Heartbeat(i) => {
+                let s = &mut self.sides[i];
+                let before = s.credits.avail;
+                match s.credits.poll_heartbeat_frame() {
+                    Some(stamp) => {
+                        // Never from the credit reserved for credit frames.
+                        assert!(before >= 2);
+                        s.frames_out += 1;
+                        self.wires[i].push_back(stamp.header(FrameKind::Credit, 0));
+                        true
+                    }
+                    None => {
+                        assert!(before < 2);
+                        false
+                    }
+                }
+            }
             Step::Goodbye(i) => {
                 let s = &mut self.sides[i];
                 if s.to_send > 0 || s.said_goodbye {
@@ -170,6 +191,16 @@ impl Pair {
                 "credit leaked or duplicated: {self:#?}"
             );
             assert_eq!(peer.credits.held(), peer.unread);
+            // A side that can send a heartbeat is never one its peer thinks
+            // it starves; with nothing in flight the peer knows exactly, so
+            // a heartbeat-silent side is always a starved one.
+            let can_heartbeat = s.credits.avail >= 2;
+            if can_heartbeat {
+                assert!(!peer.credits.peer_may_be_starved(), "starvation misjudged: {self:#?}");
+            }
+            if self.wires.iter().all(VecDeque::is_empty) {
+                assert_eq!(can_heartbeat, !peer.credits.peer_may_be_starved(), "{self:#?}");
+            }
         }
     }
 
@@ -268,6 +299,28 @@ fn last_credit_is_reserved_for_credit_frames() {
     assert_eq!(b.reserve(), Err(Blocked));
     assert_eq!(b.poll_credit_frame(), Some(Stamp { seq: 0, credits: 2 }));
     assert_eq!(b.poll_credit_frame(), None);
+}
+
+#[test]
+fn heartbeats_use_a_data_credit_and_return_owed_credits() {
+    let mut a = Credits::new(3, 3).unwrap();
+    let mut b = Credits::new(3, 3).unwrap();
+    let h0 = a.poll_heartbeat_frame().unwrap().header(FrameKind::Credit, 0);
+    let h1 = a.poll_heartbeat_frame().unwrap().header(FrameKind::Credit, 0);
+    assert_eq!(a.poll_heartbeat_frame(), None, "the reserved credit is not for heartbeats");
+    assert!(a.poll_credit_frame().is_none() && a.poll_control_frame().is_some(), "still reserved");
+    b.on_receive(&h0).unwrap();
+    assert!(!b.peer_may_be_starved());
+    b.on_receive(&h1).unwrap();
+    // Two owed, not yet returned: one buffer free, so `a` may be starved.
+    assert_eq!(b.owed(), 2);
+    assert!(b.peer_may_be_starved());
+    let back = b.poll_heartbeat_frame().unwrap();
+    assert_eq!(back.credits, 2);
+    assert!(!b.peer_may_be_starved());
+    a.on_receive(&back.header(FrameKind::Credit, 0)).unwrap();
+    assert_eq!(a.available(), 1);
+    assert_eq!(a.stats().heartbeats_sent, 2);
 }
 
 #[test]

@@ -376,9 +376,7 @@ impl RcTransport {
             }
         }
         let mut link = self.inner.cfg.link;
-        if let Some(w) = ep.param_as::<u32>("window")? {
-            link.recv_window = w;
-        }
+        link.apply_params(ep)?;
         link.validate().map_err(transport_err)?;
         Ok(link)
     }

@@ -381,7 +381,7 @@ mod tests {
     #[test]
     fn info_roundtrip_and_garbage() {
         let info = OobInfo {
-            hello: Hello { window: 16, max_payload: 1 << 20, recv_buf_size: 1 << 20, flags: 0 },
+            hello: Hello { window: 16, max_payload: 1 << 20, recv_buf_size: 1 << 20, heartbeat_ms: 0 },
             qpn: 17,
             psn: 0x12_3456,
             lid: 0,

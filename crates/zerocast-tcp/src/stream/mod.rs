@@ -133,9 +133,7 @@ impl TcpTransport {
 
     fn link_config(&self, ep: &Endpoint) -> Result<LinkConfig, ConnectError> {
         let mut link = self.cfg.link;
-        if let Some(w) = ep.param_as::<u32>("window")? {
-            link.recv_window = w;
-        }
+        link.apply_params(ep)?;
         link.validate().map_err(|e| ConnectError::Transport(Box::new(e)))?;
         Ok(link)
     }

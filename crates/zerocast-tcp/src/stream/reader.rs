@@ -98,6 +98,7 @@ impl Reader<'_> {
                 let mut iov =
                     [IoSliceMut::new(&mut buf[got..len]), IoSliceMut::new(&mut self.staging[..TAIL])];
                 let n = read_some(self.sock, &mut iov).map_err(|s| truncated(s, got, len))?;
+                driver.on_activity();
                 let direct = n.min(len - got);
                 got += direct;
                 self.end = n - direct;

@@ -8,7 +8,7 @@ use std::io::{ErrorKind, IoSlice, Write};
 use std::net::Shutdown;
 
 use socket2::Socket;
-use zerocast_core::HEADER_LEN;
+use zerocast_core::{ConnError, HEADER_LEN};
 use zerocast_link::{Driver, Frame};
 
 /// Frames per `writev` call.
@@ -27,11 +27,16 @@ pub(super) fn run(sock: &Socket, driver: &Driver, max_batch: usize) {
     let mut batch: Vec<Frame> = Vec::with_capacity(max_batch + 2);
     // Sized once for the worst chunk, so it never grows while running.
     let mut staging: Vec<u8> = Vec::with_capacity(CHUNK * (HEADER_LEN + COPY_MAX));
+    // With heartbeats, a write the peer does not drain returns four times
+    // per interval to run the heartbeat check.
+    if let Err(e) = sock.set_write_timeout(driver.heartbeat().map(|hb| hb / 4)) {
+        driver.fail(e.into());
+    }
     while driver.next_batch(&mut batch) {
         for chunk in batch.chunks(CHUNK) {
-            if let Err(e) = write_chunk(sock, chunk, &mut staging) {
+            if let Err(e) = write_chunk(sock, driver, chunk, &mut staging) {
                 tracing::debug!(peer = %driver.peer(), error = %e, "tcp writer stops");
-                driver.fail(e.into());
+                driver.fail(e);
                 let _ = sock.shutdown(Shutdown::Both);
                 return;
             }
@@ -39,11 +44,22 @@ pub(super) fn run(sock: &Socket, driver: &Driver, max_batch: usize) {
         // Written: the payloads go back to the pool.
         batch.clear();
     }
-    let _ = sock.shutdown(Shutdown::Write);
+    if driver.error().is_some() {
+        // Failed here (a heartbeat timeout) or in the reader: wake the
+        // reader too, which may be waiting on a silent peer.
+        let _ = sock.shutdown(Shutdown::Both);
+    } else {
+        let _ = sock.shutdown(Shutdown::Write);
+    }
     driver.writer_done();
 }
 
-fn write_chunk(sock: &Socket, frames: &[Frame], staging: &mut Vec<u8>) -> std::io::Result<()> {
+fn write_chunk(
+    sock: &Socket,
+    driver: &Driver,
+    frames: &[Frame],
+    staging: &mut Vec<u8>,
+) -> Result<(), ConnError> {
     debug_assert!(frames.len() <= CHUNK);
     let mut pieces = [Piece::Staged(0, 0); 2 * CHUNK + 1];
     let mut n = 0;
@@ -77,10 +93,13 @@ fn write_chunk(sock: &Socket, frames: &[Frame], staging: &mut Vec<u8>) -> std::i
     let mut w = sock;
     while !slices.is_empty() {
         match w.write_vectored(slices) {
-            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(0) => return Err(std::io::Error::from(ErrorKind::WriteZero).into()),
             Ok(k) => IoSlice::advance_slices(&mut slices, k),
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                driver.check_heartbeat()?;
+            }
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(())

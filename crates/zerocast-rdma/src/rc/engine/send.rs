@@ -70,7 +70,7 @@ pub(super) fn sender(io: &Io, driver: &Driver, max_batch: usize) {
             let large = |f: &Frame| by_rendezvous(io, f);
             let mut free = 0;
             if batch.iter().any(large) {
-                match io.rendezvous.wait_free(|| io.is_closing()) {
+                match io.rendezvous.wait_free(|| io.is_closing() || driver.check_heartbeat().is_err()) {
                     Some(n) => free = n,
                     None => {
                         batch.clear();

@@ -67,3 +67,19 @@ pub fn assert_pool_drained(pool: &zerocast::Pool, timeout: Duration) {
         thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// rxe's RNR counters, `(rcvd_rnr_err, send_rnr_err)`, of the device in
+/// `ZEROCAST_RDMA_DEV` (default `rxe0`): unchanged across a test, they show
+/// that no receiver-not-ready happened.
+pub fn rnr_counters() -> (u64, u64) {
+    let dev = std::env::var("ZEROCAST_RDMA_DEV").unwrap_or_else(|_| "rxe0".to_owned());
+    let read = |name: &str| {
+        let path = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters/{name}");
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {path}: {e}"))
+            .trim()
+            .parse::<u64>()
+            .unwrap_or_else(|e| panic!("parsing {path}: {e}"))
+    };
+    (read("rcvd_rnr_err"), read("send_rnr_err"))
+}

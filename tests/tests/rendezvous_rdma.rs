@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use zerocast::rdma::RcConfig;
-use zerocast::{Config, LinkConfig, PoolConfig, RecvError, Zerocast};
+use zerocast::{Config, Connection, LinkConfig, PoolConfig, RecvError, Zerocast};
 use zerocast_tests::{checksum, suite, Transport};
 
 const MIB: usize = 1 << 20;
@@ -38,17 +38,12 @@ fn drained(t: &Transport) {
     zerocast_tests::assert_pool_drained(t.zc.rc().expect("rc transport").pool(), Duration::from_secs(10));
 }
 
-/// Three raw 16 MiB messages, each between small ones: all arrive intact and
-/// in order.
-fn raw_16mib(scheme: &str) {
-    let t = transport(scheme, 8, 64 << 10);
-    let (client, server) = t.pair();
-    assert!(client.max_message() >= 16 * MIB, "max message {}", client.max_message());
-    let size = |seq: u64| if seq % 3 == 1 { 16 * MIB } else { 100 + seq as usize };
-    const N: u64 = 9;
-    let start = Instant::now();
+/// Stream `n` checksummed messages of `size(seq)` bytes from `client` on a
+/// thread, and check on `server` that each arrives intact, once and in
+/// order, then the disconnect.
+fn stream(client: Connection, server: &Connection, n: u64, size: fn(u64) -> usize) {
     let sender = thread::spawn(move || {
-        for seq in 0..N {
+        for seq in 0..n {
             let mut buf = client.alloc(size(seq)).expect("alloc");
             checksum::write(seq, &mut buf);
             client.send(buf).expect("send");
@@ -68,7 +63,19 @@ fn raw_16mib(scheme: &str) {
         }
     }
     sender.join().expect("sender");
-    assert_eq!(next, N);
+    assert_eq!(next, n);
+}
+
+/// Three raw 16 MiB messages, each between small ones: all arrive intact and
+/// in order.
+fn raw_16mib(scheme: &str) {
+    let t = transport(scheme, 8, 64 << 10);
+    let (client, server) = t.pair();
+    assert!(client.max_message() >= 16 * MIB, "max message {}", client.max_message());
+    let size = |seq: u64| if seq % 3 == 1 { 16 * MIB } else { 100 + seq as usize };
+    const N: u64 = 9;
+    let start = Instant::now();
+    stream(client, &server, N, size);
     println!("{scheme}: {N} messages, 3 of 16 MiB, in {:?}", start.elapsed());
     drop(server);
     drained(&t);
@@ -122,29 +129,7 @@ fn many_small_rendezvous(scheme: &str) {
     let t = transport(scheme, 16, 4096);
     let (client, server) = t.pair();
     let size = |seq: u64| if seq & 1 == 0 { 8192 } else { 64 };
-    const N: u64 = 3000;
-    let sender = thread::spawn(move || {
-        for seq in 0..N {
-            let mut buf = client.alloc(size(seq)).expect("alloc");
-            checksum::write(seq, &mut buf);
-            client.send(buf).expect("send");
-        }
-        client.close();
-    });
-    let mut next = 0;
-    loop {
-        match server.recv_timeout(Duration::from_secs(30)) {
-            Ok(msg) => {
-                let seq = checksum::verify(&msg).unwrap_or_else(|e| panic!("message {next}: {e}"));
-                assert_eq!((seq, msg.len()), (next, size(next)));
-                next += 1;
-            }
-            Err(RecvError::Disconnected) => break,
-            Err(e) => panic!("receive failed after {next} messages: {e:?}"),
-        }
-    }
-    sender.join().expect("sender");
-    assert_eq!(next, N);
+    stream(client, &server, 3000, size);
     drop(server);
     drained(&t);
     suite::integrity(&t, 20_000);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use zerocast::rdma::{RcConfig, RcError, SrqStats, RENDEZVOUS_RECEIVES};
 use zerocast::{Config, ConnectError, Connection, LinkConfig, Listener, RecvError, Zerocast};
-use zerocast_tests::checksum;
+use zerocast_tests::{checksum, rnr_counters};
 
 /// Largest message: small receive buffers keep 64 connections' memory low.
 const MAX_PAYLOAD: u64 = 16 << 10;
@@ -25,19 +25,6 @@ fn addr() -> String {
 fn zerocast(window: u32) -> Zerocast {
     let link = LinkConfig::default().with_recv_window(window).with_max_payload(MAX_PAYLOAD);
     Zerocast::with_config(Config::default().with_link(link).with_rc(RcConfig::default().with_rnr_retry(0)))
-}
-
-fn rnr_counters() -> (u64, u64) {
-    let dev = std::env::var("ZEROCAST_RDMA_DEV").unwrap_or_else(|_| "rxe0".to_owned());
-    let read = |name: &str| {
-        let path = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters/{name}");
-        std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("reading {path}: {e}"))
-            .trim()
-            .parse::<u64>()
-            .unwrap_or_else(|e| panic!("parsing {path}: {e}"))
-    };
-    (read("rcvd_rnr_err"), read("send_rnr_err"))
 }
 
 fn stats(l: &Listener) -> SrqStats {

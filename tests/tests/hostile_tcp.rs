@@ -233,3 +233,135 @@ fn silent_peer_does_not_delay_others() {
     assert_eq!(&*first.recv_timeout(Duration::from_secs(5)).expect("recv"), b"hi");
     assert!(matches!(listener.accept(), Err(ConnectError::Handshake { source: ConnError::TimedOut(_), .. })));
 }
+
+/// Hostile cases run against one listener by
+/// [`hostile_cases_fail_only_their_connection`]; `ZEROCAST_HOSTILE_CASES`
+/// overrides the count.
+const HOSTILE_CASES: u64 = 100_000;
+
+/// The bytes of hostile case `i` (after a good handshake), and whether the
+/// peer broke the protocol (so the connection must fail, not just end).
+fn hostile_case(i: u64, rng: &mut u64) -> (Vec<u8>, bool) {
+    let mut next = || {
+        *rng ^= *rng << 13;
+        *rng ^= *rng >> 7;
+        *rng ^= *rng << 17;
+        *rng
+    };
+    let lie = |kind: u8, credits: u16, seq: u32, len: u64| {
+        let mut h = Header::new(FrameKind::Data, credits, seq, len).encode();
+        h[1] = (h[1] & 0xf0) | kind;
+        h.to_vec()
+    };
+    match i % 8 {
+        // Random bytes, never starting with the magic byte.
+        0 => {
+            let n = 1 + (next() % 300) as usize;
+            let mut v: Vec<u8> = (0..n).map(|_| next() as u8).collect();
+            if v[0] == 0x5A {
+                v[0] = 0;
+            }
+            (v, true)
+        }
+        // A truncated header, then the end of the stream.
+        1 => (data(0, b"x")[..1 + (next() % 15) as usize].to_vec(), true),
+        2 => (lie(0, 0, 0, 1 << 32), true),
+        3 => (lie(0, 0, 0, 1 << 60), true),
+        // An unknown frame kind.
+        4 => (lie(4 + (next() % 12) as u8, 0, 0, 0), true),
+        // A credit frame returning credits never granted.
+        5 => (lie(1, 1 + (next() % 100) as u16, 0, 0), true),
+        // Data beyond the granted window of 8 (nothing is ever returned).
+        6 => ((0..9).flat_map(|s| data(s, b"d")).collect(), true),
+        // A well-formed frame, then a clean end of stream: no failure needed.
+        _ => (data(0, b"fine"), false),
+    }
+}
+
+/// 100 000 hostile connections, one after another, against one listener
+/// while a good connection streams beside them: each ends with a typed
+/// outcome (a failure when it broke the protocol), nothing panics or hangs,
+/// the good connection's data arrives intact and in order, memory stays
+/// bounded and the pool drains.
+#[test]
+fn hostile_cases_fail_only_their_connection() {
+    let cases =
+        std::env::var("ZEROCAST_HOSTILE_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(HOSTILE_CASES);
+    let zc = zc();
+    let (listener, addr) = listen(&zc);
+    // The bystander: a good connection that keeps streaming.
+    let at = listener.local_endpoint().to_string();
+    let zc2 = zc.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let good = thread::spawn(move || {
+        let c = zc2.connect(&at).expect("good client connects");
+        let mut n = 0u32;
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut b = c.alloc(4).expect("alloc");
+            b.copy_from_slice(&n.to_le_bytes());
+            c.send(b).expect("the good connection keeps sending");
+            n += 1;
+            thread::sleep(Duration::from_micros(200));
+        }
+        c.close();
+        n
+    });
+    let good_server = listener.accept().expect("accept the good peer");
+    let reader = thread::spawn(move || {
+        let mut next = 0u32;
+        loop {
+            match good_server.recv_timeout(Duration::from_secs(30)) {
+                Ok(m) => {
+                    assert_eq!(m[..], next.to_le_bytes(), "the good connection lost or reordered data");
+                    next += 1;
+                }
+                Err(RecvError::Disconnected) => return next,
+                Err(e) => panic!("the good connection failed after {next} messages: {e:?}"),
+            }
+        }
+    });
+    let rss = || {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).map(str::to_owned))
+            .and_then(|l| l.split_whitespace().nth(1).and_then(|n| n.parse::<u64>().ok()))
+            .unwrap_or(0)
+    };
+    let start = Instant::now();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let (mut failed, mut rss_warm) = (0u64, 0u64);
+    for i in 0..cases {
+        if i == 1000 {
+            rss_warm = rss();
+        }
+        let (bytes, broken) = hostile_case(i, &mut rng);
+        let (bad, server) = handshaken(&listener, addr, 8);
+        let bad = socket2::Socket::from(bad);
+        // Reset, not FIN, on close: no TIME_WAIT pile-up over many cases.
+        bad.set_linger(Some(Duration::ZERO)).expect("SO_LINGER");
+        let _ = std::io::Write::write_all(&mut &bad, &bytes);
+        let _ = bad.shutdown(std::net::Shutdown::Write);
+        let outcome = loop {
+            match server.recv_timeout(Duration::from_secs(5)) {
+                Ok(_) => {}
+                Err(RecvError::Failed(e)) => break Some(e),
+                Err(RecvError::Disconnected) => break None,
+                Err(e) => panic!("case {i}: no typed end within 5 s: {e:?}"),
+            }
+        };
+        drop(bad);
+        match outcome {
+            Some(_) => failed += 1,
+            None => assert!(!broken, "case {i}: a protocol violation ended as a clean disconnect"),
+        }
+    }
+    let elapsed = start.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = good.join().expect("good sender");
+    assert_eq!(reader.join().expect("good reader"), sent, "the good connection's messages");
+    let growth = rss().saturating_sub(rss_warm);
+    println!("{cases} hostile connections in {elapsed:?}: {failed} failed with a typed error; {sent} good messages beside them; RSS grew {growth} KiB after warm-up");
+    assert!(growth < 64 * 1024, "memory grew by {growth} KiB over {cases} hostile connections");
+    zerocast_tests::assert_pool_drained(&zc.pool().expect("pool"), Duration::from_secs(10));
+}

@@ -24,7 +24,13 @@
 //! - **one-sided** ([`OneSided`] on [`RcConnection`]): `expose` a pool
 //!   buffer as a [`RemoteRegion`] (serde, so it travels in a typed message),
 //!   RDMA READ and RDMA WRITE between a local pool buffer and a peer's
-//!   region, each a signalled request routed back to its blocked caller.
+//!   region, each a signalled request routed back to its blocked caller;
+//!   RDMA WRITE with immediate, which takes a credit like a send and reaches
+//!   the peer as an in-order empty message carrying the immediate.
+//!
+//! - **rendezvous**: messages larger than the peer's receive buffers
+//!   (`RcConfig::eager_limit`) are RDMA-READ by the receiver straight from
+//!   the sender's pool buffer, in order, without a copy.
 //!
 //! - **`ud://` and `mcast://`** ([`ud::UdTransport`], [`ud::UdSocket`]):
 //!   unreliable datagrams on a UD queue pair, peers resolved and groups

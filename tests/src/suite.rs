@@ -145,9 +145,13 @@ pub fn close_and_wait(t: &Transport) {
         assert_eq!(server.recv_timeout(Duration::from_secs(10)).expect("buffered")[0], i);
     }
     assert!(matches!(server.recv_timeout(Duration::from_secs(10)), Err(RecvError::Disconnected)));
-    let waiter = thread::spawn(move || client.close_and_wait(Duration::from_secs(10)));
+    let waiter = thread::spawn(move || {
+        let clean = client.close_and_wait(Duration::from_secs(10));
+        (clean, client.recv_timeout(Duration::from_millis(1)).err(), client.stats())
+    });
     assert!(server.close_and_wait(Duration::from_secs(10)), "server: clean end");
-    assert!(waiter.join().expect("client thread"), "client: clean end");
+    let (clean, end, stats) = waiter.join().expect("client thread");
+    assert!(clean, "client: clean end; then {end:?}, {stats:?}");
     drop(server);
     t.assert_pool_drained(Duration::from_secs(10));
 }

@@ -100,7 +100,10 @@ impl Driver {
                 batch.clear();
                 return false;
             }
-            if batch.is_empty() {
+            // After both goodbyes nothing is sent: the peer will not send
+            // again, so returning its credits would only leave a frame
+            // unacknowledged behind a peer that is going away.
+            if batch.is_empty() && !(st.goodbye_sent && st.peer_closed) {
                 if let Some(stamp) = st.credits.poll_credit_frame() {
                     batch.push(Frame { header: stamp.header(FrameKind::Credit, 0), payload: None, tag: 0 });
                 }
@@ -313,8 +316,9 @@ impl Driver {
         self.shared.lock().failed.clone()
     }
 
-    /// The writer stopped: what it was given is out (on RDMA: acknowledged).
-    /// Wakes [`crate::Link::wait_closed`].
+    /// The writer stopped: what it was given is out (on RDMA: completed, or
+    /// the peer went away after both goodbyes). Wakes
+    /// [`crate::Link::wait_closed`].
     pub fn writer_done(&self) {
         self.shared.lock().writer_done = true;
         self.shared.credit_cv.notify_all();

@@ -211,7 +211,7 @@ impl Link {
     }
 
     /// Wait until the connection is over: both sides said goodbye and this
-    /// side's writer has put everything out (on RDMA: acknowledged), or the
+    /// side's writer has put everything out (on RDMA: its completion polled), or the
     /// connection failed. Call it after [`Link::close`] before a process
     /// exits, so the peer sees a clean goodbye rather than a vanished peer.
     /// `true` for a clean end; `false` on a failure or at `deadline`.

@@ -46,7 +46,7 @@ pub(crate) struct State {
     /// `End` was delivered to the application.
     pub(crate) ended: bool,
     /// The backend's writer is done: everything it was given, the goodbye
-    /// included, is out (and, on RDMA, acknowledged).
+    /// included, is out (on RDMA, its completion polled).
     pub(crate) writer_done: bool,
     /// Heartbeats on: when the last frame came from the peer (or when the
     /// peer last stopped being starved of credit by us).

@@ -162,7 +162,7 @@ impl Connection {
 
     /// Close the sending side and wait, up to `timeout`, until the
     /// connection is over: both sides said goodbye and ours is out (on
-    /// RDMA: acknowledged). Call it before a process exits, so the peer sees
+    /// RDMA: its completion polled). Call it before a process exits, so the peer sees
     /// a clean disconnect rather than a vanished peer. `true` for a clean
     /// end; `false` if the connection failed or the peer did not close in
     /// time.

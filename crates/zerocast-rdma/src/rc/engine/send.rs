@@ -117,11 +117,10 @@ pub(super) fn sender(io: &Io, driver: &Driver, max_batch: usize) {
             .map(|(g, _)| g)
             .unwrap_or_else(|p| p.into_inner().0);
     }
-    let acknowledged = t.outstanding() == 0 && !io.rendezvous.has_outbound();
     drop(t);
-    if acknowledged {
-        driver.writer_done();
-    }
+    // Done: the goodbye completed, or the peer, having both goodbyes, went
+    // away before acknowledging it (a failure would have failed the link).
+    driver.writer_done();
     io.close();
 }
 

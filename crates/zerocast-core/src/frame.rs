@@ -155,6 +155,51 @@ impl Header {
     }
 }
 
+/// Why a received datagram was dropped (see [`check_datagram`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MalformedDatagram {
+    /// Longer than a header plus the largest payload the socket takes (the
+    /// receive may also have been cut short by its buffer).
+    #[error("{len} bytes is longer than a header plus the largest datagram")]
+    Oversize {
+        /// Bytes received.
+        len: usize,
+    },
+    /// The header did not decode.
+    #[error("bad header: {0}")]
+    Frame(#[from] FrameError),
+    /// A valid header of a kind other than `Data`.
+    #[error("frame kind {0:?} is not a datagram")]
+    Kind(FrameKind),
+    /// The header's length does not match the datagram's.
+    #[error("header announces {announced} payload bytes but {actual} arrived")]
+    LenMismatch {
+        /// Payload bytes the header announced.
+        announced: u64,
+        /// Payload bytes that arrived.
+        actual: usize,
+    },
+}
+
+/// Check one received datagram, header included, against a payload limit:
+/// the header of a well-formed `Data` datagram whose length matches what
+/// arrived. Every datagram backend (UDP, RDMA UD) drops what this refuses.
+pub fn check_datagram(datagram: &[u8], max_payload: usize) -> Result<Header, MalformedDatagram> {
+    if datagram.len() > HEADER_LEN + max_payload {
+        return Err(MalformedDatagram::Oversize { len: datagram.len() });
+    }
+    let h = Header::decode(datagram, max_payload as u64)?;
+    if h.kind != FrameKind::Data {
+        return Err(MalformedDatagram::Kind(h.kind));
+    }
+    let actual = datagram.len() - HEADER_LEN;
+    if h.len != actual as u64 {
+        return Err(MalformedDatagram::LenMismatch { announced: h.len, actual });
+    }
+    Ok(h)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

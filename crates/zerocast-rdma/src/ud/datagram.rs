@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
-use zerocast_core::{FrameError, FrameKind, Header, HEADER_LEN};
+use zerocast_core::{FrameKind, Header, HEADER_LEN};
 use zerocast_mem::Buf;
 
 use super::io::Io;
@@ -105,33 +105,8 @@ pub fn grh_source(grh: &[u8; GRH_LEN]) -> Option<IpAddr> {
     None
 }
 
-/// Why a received datagram was dropped.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(super) enum Malformed {
-    /// The header did not decode.
-    #[error("bad header: {0}")]
-    Frame(#[from] FrameError),
-    /// A valid header of a kind other than `Data`.
-    #[error("frame kind {0:?} is not a datagram")]
-    Kind(FrameKind),
-    /// The header's length does not match the datagram's.
-    #[error("header announces {announced} payload bytes but {actual} arrived")]
-    LenMismatch { announced: u64, actual: usize },
-}
-
-/// Check what follows the GRH against a payload limit: the header of a
-/// well-formed `Data` datagram.
-pub(super) fn check(after_grh: &[u8], max_payload: usize) -> Result<Header, Malformed> {
-    let h = Header::decode(after_grh, max_payload as u64)?;
-    if h.kind != FrameKind::Data {
-        return Err(Malformed::Kind(h.kind));
-    }
-    let actual = after_grh.len() - HEADER_LEN;
-    if h.len != actual as u64 {
-        return Err(Malformed::LenMismatch { announced: h.len, actual });
-    }
-    Ok(h)
-}
+/// Check what follows the GRH: the header of a well-formed `Data` datagram.
+pub(super) use zerocast_core::check_datagram as check;
 
 /// The header in front of a `len`-byte payload. Its credit field carries
 /// the sender's rdma_cm port, so a receiver can name (and answer) it.
@@ -142,6 +117,7 @@ pub(super) fn header(seq: u32, len: usize, port: u16) -> [u8; HEADER_LEN] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zerocast_core::{FrameError, MalformedDatagram as Malformed};
 
     fn roce_v2_ipv4(src: [u8; 4]) -> [u8; GRH_LEN] {
         let mut g = [0u8; GRH_LEN];
@@ -168,7 +144,7 @@ mod tests {
         d.extend_from_slice(b"abc");
         let h = check(&d, 100).unwrap();
         assert_eq!((h.seq, h.len, h.credits), (7, 3, 4791));
-        assert!(matches!(check(&d, 2), Err(Malformed::Frame(FrameError::TooLong { .. }))));
+        assert_eq!(check(&d, 2), Err(Malformed::Oversize { len: d.len() }));
         d.push(0);
         assert_eq!(check(&d, 100), Err(Malformed::LenMismatch { announced: 3, actual: 4 }));
         assert!(matches!(check(b"short", 100), Err(Malformed::Frame(FrameError::Truncated { .. }))));

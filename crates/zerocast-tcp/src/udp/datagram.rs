@@ -8,7 +8,7 @@
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 
-use zerocast_core::{FrameError, FrameKind, Header, HEADER_LEN};
+use zerocast_core::{FrameKind, Header, HEADER_LEN};
 use zerocast_mem::Buf;
 
 /// A received datagram: the pool buffer it was received into, header and
@@ -73,40 +73,7 @@ impl fmt::Debug for RecvDatagram {
     }
 }
 
-/// Why a received datagram was dropped.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(super) enum Malformed {
-    /// Longer than a header plus the largest payload this socket takes (the
-    /// receive may also have been cut short by the buffer).
-    #[error("{len} bytes is longer than a header plus max_datagram")]
-    Oversize { len: usize },
-    /// The header did not decode.
-    #[error("bad header: {0}")]
-    Frame(#[from] FrameError),
-    /// A valid header of a kind other than `Data`.
-    #[error("frame kind {0:?} is not a datagram")]
-    Kind(FrameKind),
-    /// The header's length does not match the datagram's.
-    #[error("header announces {announced} payload bytes but {actual} arrived")]
-    LenMismatch { announced: u64, actual: usize },
-}
-
-/// Check a whole received datagram, header included, against a payload
-/// limit. Returns the header of a well-formed `Data` datagram.
-pub(super) fn check(datagram: &[u8], max_payload: usize) -> Result<Header, Malformed> {
-    if datagram.len() > HEADER_LEN + max_payload {
-        return Err(Malformed::Oversize { len: datagram.len() });
-    }
-    let h = Header::decode(datagram, max_payload as u64)?;
-    if h.kind != FrameKind::Data {
-        return Err(Malformed::Kind(h.kind));
-    }
-    let actual = datagram.len() - HEADER_LEN;
-    if h.len != actual as u64 {
-        return Err(Malformed::LenMismatch { announced: h.len, actual });
-    }
-    Ok(h)
-}
+pub(super) use zerocast_core::check_datagram as check;
 
 /// The header to put in front of a `len`-byte payload.
 pub(super) fn header(seq: u32, len: usize) -> [u8; HEADER_LEN] {
@@ -117,6 +84,7 @@ pub(super) fn header(seq: u32, len: usize) -> [u8; HEADER_LEN] {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use zerocast_core::{FrameError, MalformedDatagram as Malformed};
     use zerocast_mem::{Pool, PoolConfig, Wait};
 
     fn datagram(seq: u32, payload: &[u8]) -> Vec<u8> {

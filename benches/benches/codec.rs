@@ -3,8 +3,9 @@
 //! 4 KiB record. The `bytes_form` rows serialize `data` as a byte string
 //! (the same wire bytes) to show what a serde call per byte costs.
 
+mod common;
+
 use std::hint::black_box;
-use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use zerocast::{Bincode, Codec};
@@ -42,10 +43,7 @@ fn codec(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
+    config = common::short();
     targets = codec
 }
 criterion_main!(benches);

@@ -2,7 +2,7 @@
 //! queued frames into one `writev`) against the naive hand-written protocol,
 //! one `write` per message and two `read_exact` calls per message.
 
-use std::time::Duration;
+mod common;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use zerocast_benches::{msgs_per_batch, run, Baseline, Pipe, RawPipe, ZcPipe};
@@ -22,10 +22,7 @@ fn naive_small(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
+    config = common::short();
     targets = naive_small
 }
 criterion_main!(benches);

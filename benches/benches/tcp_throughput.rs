@@ -2,7 +2,7 @@
 //! against a strong hand-written socket2 baseline (batched writes, buffered
 //! reads), at 64 B, 4 KiB and 64 KiB.
 
-use std::time::Duration;
+mod common;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use zerocast_benches::{msgs_per_batch, run, Baseline, Pipe, RawPipe, ZcPipe};
@@ -33,10 +33,7 @@ fn tcp_throughput(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
+    config = common::short();
     targets = tcp_throughput
 }
 criterion_main!(benches);

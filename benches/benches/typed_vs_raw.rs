@@ -1,7 +1,7 @@
 //! Typed `Sender<Small>` / `Receiver<Small>` (bincode, owned decode) against
 //! raw buffer sends of the same encoded size, over `tcp://` and `mem://`.
 
-use std::time::Duration;
+mod common;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use zerocast_benches::{msgs_per_batch, run, Pipe, Small, TypedPipe, ZcPipe};
@@ -28,10 +28,7 @@ fn typed_vs_raw(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
+    config = common::short();
     targets = typed_vs_raw
 }
 criterion_main!(benches);

@@ -28,11 +28,32 @@ pub struct Frame {
     pub tag: u32,
 }
 
+/// What [`Driver::wait_item`] found.
+pub(crate) enum Wait {
+    Item(Outgoing),
+    /// A heartbeat interval passed with nothing queued.
+    Tick,
+    /// The writer should stop.
+    Stop,
+}
+
+/// What [`Driver::fill`] made of the queue.
+pub(crate) enum Fill {
+    /// Frames to write.
+    Ready,
+    /// Nothing to write this time; wait again.
+    Empty,
+    /// The writer should stop (the batch is empty).
+    Stop,
+}
+
 /// The handle a backend's I/O threads use. Clone it for each thread.
 #[derive(Clone)]
 pub struct Driver {
-    shared: Arc<Shared>,
-    outgoing: Receiver<Outgoing>,
+    pub(crate) shared: Arc<Shared>,
+    /// The writer's queue; `None` in the copy a [`crate::Link`] keeps for
+    /// reading a [`crate::Source`], which never writes.
+    outgoing: Option<Receiver<Outgoing>>,
 }
 
 impl fmt::Debug for Driver {
@@ -43,7 +64,12 @@ impl fmt::Debug for Driver {
 
 impl Driver {
     pub(crate) fn new(shared: Arc<Shared>, outgoing: Receiver<Outgoing>) -> Self {
-        Self { shared, outgoing }
+        Self { shared, outgoing: Some(outgoing) }
+    }
+
+    /// A driver for reading only (see [`crate::Source`]).
+    pub(crate) fn reader(&self) -> Self {
+        Self { shared: self.shared.clone(), outgoing: None }
     }
 
     /// Wait for work and fill `batch` with up to `max_batch` stamped frames.
@@ -59,98 +85,119 @@ impl Driver {
     /// [`ConnError::HeartbeatTimeout`]).
     pub fn next_batch(&self, batch: &mut Vec<Frame>) -> bool {
         loop {
-            {
-                // Both goodbyes are out (ours in the previous batch, after
-                // the peer's): nothing will be sent or woken for any more.
-                let st = self.shared.lock();
-                if st.failed.is_some() || (st.goodbye_sent && st.peer_closed) {
-                    return false;
-                }
-            }
-            let first = match self.shared.heartbeat {
-                None => match self.outgoing.recv() {
-                    Ok(item) => Some(item),
-                    // Unreachable while `Shared` holds the sender; stop anyway.
-                    Err(_) => return false,
-                },
-                Some(hb) => {
-                    let deadline = {
-                        let st = self.shared.lock();
-                        (st.last_tx + hb).min(st.last_rx + hb * HEARTBEAT_MISSES)
-                    };
-                    match self.outgoing.recv_deadline(deadline) {
-                        Ok(item) => Some(item),
-                        Err(RecvTimeoutError::Timeout) => None,
-                        Err(RecvTimeoutError::Disconnected) => return false,
-                    }
-                }
+            let first = match self.wait_item() {
+                Wait::Item(item) => Some(item),
+                Wait::Tick => None,
+                Wait::Stop => return false,
             };
-            let mut st = self.shared.lock();
-            let starved = st.credits.peer_may_be_starved();
-            if let Some(first) = first {
-                self.stamp(&mut st, first, batch);
-                while batch.len() < self.shared.max_batch {
-                    match self.outgoing.try_recv() {
-                        Ok(item) => self.stamp(&mut st, item, batch),
-                        Err(_) => break,
-                    }
-                }
-            }
-            if st.failed.is_some() {
-                batch.clear();
-                return false;
-            }
-            // After both goodbyes nothing is sent: the peer will not send
-            // again, so returning its credits would only leave a frame
-            // unacknowledged behind a peer that is going away.
-            if batch.is_empty() && !(st.goodbye_sent && st.peer_closed) {
-                if let Some(stamp) = st.credits.poll_credit_frame() {
-                    batch.push(Frame { header: stamp.header(FrameKind::Credit, 0), payload: None, tag: 0 });
-                }
-            }
-            if st.local_closed && !st.goodbye_sent && self.outgoing.is_empty() {
-                if let Some(stamp) = st.credits.poll_control_frame() {
-                    st.goodbye_sent = true;
-                    batch.push(Frame { header: stamp.header(FrameKind::Control, 0), payload: None, tag: 0 });
-                }
-            }
-            if let Some(hb) = self.shared.heartbeat {
-                let now = Instant::now();
-                // Credits this batch returns may end the peer's starvation:
-                // its silence counts from now.
-                if starved {
-                    st.last_rx = st.last_rx.max(now);
-                }
-                if let Err(e) = self.check_silence(&mut st, now, hb) {
-                    self.fail_locked(&mut st, e);
-                    batch.clear();
-                    return false;
-                }
-                if batch.is_empty() && now >= st.last_tx + hb {
-                    if let Some(stamp) = st.credits.poll_heartbeat_frame() {
-                        let header = stamp.header(FrameKind::Credit, 0);
-                        batch.push(Frame { header, payload: None, tag: 0 });
-                    }
-                    // Sent, or blocked: the peer holds our credits, so it
-                    // does not count our silence; try again next interval.
-                    st.last_tx = now;
-                }
-                if !batch.is_empty() {
-                    st.last_tx = now;
-                }
-            }
-            if !batch.is_empty() {
-                return true;
-            }
-            if st.goodbye_sent && st.peer_closed {
-                return false;
+            match self.fill(first, batch) {
+                Fill::Ready => return true,
+                Fill::Stop => return false,
+                Fill::Empty => {}
             }
         }
     }
 
+    /// Wait for the next work item, or for a heartbeat tick.
+    pub(crate) fn wait_item(&self) -> Wait {
+        {
+            // Both goodbyes are out (ours in the previous batch, after
+            // the peer's): nothing will be sent or woken for any more.
+            let st = self.shared.lock();
+            if st.failed.is_some() || (st.goodbye_sent && st.peer_closed) {
+                return Wait::Stop;
+            }
+        }
+        let Some(outgoing) = &self.outgoing else { return Wait::Stop };
+        match self.shared.heartbeat {
+            None => match outgoing.recv() {
+                Ok(item) => Wait::Item(item),
+                // Unreachable while `Shared` holds the sender; stop anyway.
+                Err(_) => Wait::Stop,
+            },
+            Some(hb) => {
+                let deadline = {
+                    let st = self.shared.lock();
+                    (st.last_tx + hb).min(st.last_rx + hb * HEARTBEAT_MISSES)
+                };
+                match outgoing.recv_deadline(deadline) {
+                    Ok(item) => Wait::Item(item),
+                    Err(RecvTimeoutError::Timeout) => Wait::Tick,
+                    Err(RecvTimeoutError::Disconnected) => Wait::Stop,
+                }
+            }
+        }
+    }
+
+    /// Stamp `first` and whatever else is queued into `batch`, with the
+    /// credit frame, goodbye or heartbeat that is due.
+    pub(crate) fn fill(&self, first: Option<Outgoing>, batch: &mut Vec<Frame>) -> Fill {
+        let mut st = self.shared.lock();
+        let starved = st.credits.peer_may_be_starved();
+        if let Some(first) = first {
+            self.stamp(&mut st, first, batch);
+            while let (true, Some(outgoing)) = (batch.len() < self.shared.max_batch, &self.outgoing) {
+                match outgoing.try_recv() {
+                    Ok(item) => self.stamp(&mut st, item, batch),
+                    Err(_) => break,
+                }
+            }
+        }
+        if st.failed.is_some() {
+            batch.clear();
+            return Fill::Stop;
+        }
+        // After both goodbyes nothing is sent: the peer will not send
+        // again, so returning its credits would only leave a frame
+        // unacknowledged behind a peer that is going away.
+        if batch.is_empty() && !(st.goodbye_sent && st.peer_closed) {
+            if let Some(stamp) = st.credits.poll_credit_frame() {
+                batch.push(Frame { header: stamp.header(FrameKind::Credit, 0), payload: None, tag: 0 });
+            }
+        }
+        if st.local_closed && !st.goodbye_sent && st.queued_data == 0 {
+            if let Some(stamp) = st.credits.poll_control_frame() {
+                st.goodbye_sent = true;
+                batch.push(Frame { header: stamp.header(FrameKind::Control, 0), payload: None, tag: 0 });
+            }
+        }
+        if let Some(hb) = self.shared.heartbeat {
+            let now = Instant::now();
+            // Credits this batch returns may end the peer's starvation:
+            // its silence counts from now.
+            if starved {
+                st.last_rx = st.last_rx.max(now);
+            }
+            if let Err(e) = Self::check_silence(&mut st, now, hb) {
+                self.fail_locked(&mut st, e);
+                batch.clear();
+                return Fill::Stop;
+            }
+            if batch.is_empty() && now >= st.last_tx + hb {
+                if let Some(stamp) = st.credits.poll_heartbeat_frame() {
+                    let header = stamp.header(FrameKind::Credit, 0);
+                    batch.push(Frame { header, payload: None, tag: 0 });
+                }
+                // Sent, or blocked: the peer holds our credits, so it
+                // does not count our silence; try again next interval.
+                st.last_tx = now;
+            }
+            if !batch.is_empty() {
+                st.last_tx = now;
+            }
+        }
+        if !batch.is_empty() {
+            return Fill::Ready;
+        }
+        if st.goodbye_sent && st.peer_closed {
+            return Fill::Stop;
+        }
+        Fill::Empty
+    }
+
     /// The heartbeat check: `Err` when the peer was silent for
     /// [`HEARTBEAT_MISSES`] intervals although it had the credit to talk.
-    fn check_silence(&self, st: &mut State, now: Instant, hb: Duration) -> Result<(), ConnError> {
+    pub(crate) fn check_silence(st: &mut State, now: Instant, hb: Duration) -> Result<(), ConnError> {
         if st.credits.peer_may_be_starved() {
             // Our application holds (or we still owe) the peer's credits:
             // it may be unable to send even a heartbeat.
@@ -171,16 +218,7 @@ impl Driver {
     /// drain): run the heartbeat check now. `Err` when the connection has
     /// failed, by this check or before.
     pub fn check_heartbeat(&self) -> Result<(), ConnError> {
-        let mut st = self.shared.lock();
-        if let Some(e) = &st.failed {
-            return Err(e.clone());
-        }
-        let Some(hb) = self.shared.heartbeat else { return Ok(()) };
-        if let Err(e) = self.check_silence(&mut st, Instant::now(), hb) {
-            self.fail_locked(&mut st, e.clone());
-            return Err(e);
-        }
-        Ok(())
+        self.shared.check_heartbeat()
     }
 
     /// The heartbeat interval the two sides agreed on, if heartbeats are on.
@@ -199,6 +237,7 @@ impl Driver {
     fn stamp(&self, st: &mut State, item: Outgoing, batch: &mut Vec<Frame>) {
         match item {
             Outgoing::Data(buf, r, tag) => {
+                st.queued_data -= 1;
                 let stamp = if tag == 0 { st.credits.commit(r) } else { st.credits.commit_bare(r) };
                 let header = stamp.header(FrameKind::Data, buf.len() as u64);
                 batch.push(Frame { header, payload: Some(buf), tag });
@@ -239,7 +278,7 @@ impl Driver {
             drop(st);
             return Err(self.fail(e.into()));
         }
-        if header.credits > 0 {
+        if header.credits > 0 && st.cv_waiters > 0 {
             self.shared.credit_cv.notify_all();
         }
         match header.kind {
@@ -304,11 +343,7 @@ impl Driver {
     }
 
     fn fail_locked(&self, st: &mut State, err: ConnError) {
-        if st.failed.is_none() {
-            tracing::debug!(peer = %self.shared.peer, error = %err, "connection failed");
-            st.failed = Some(err);
-        }
-        self.shared.end(st);
+        self.shared.fail(st, err);
     }
 
     /// Why the connection failed, if it did.

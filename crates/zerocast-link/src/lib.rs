@@ -30,11 +30,15 @@ mod driver;
 mod link;
 mod recv;
 mod shared;
+mod source;
+mod wire;
 
 pub use conn::{Connection, Flavor};
 pub use driver::{Driver, Frame};
 pub use link::{Link, LinkStats};
 pub use recv::{RecvBuf, ReleaseToken};
+pub use source::{Pumped, Source};
+pub use wire::{Wire, WireCtx};
 
 use std::sync::Arc;
 
@@ -72,7 +76,8 @@ pub fn new(setup: LinkSetup) -> Result<(Link, Driver, Option<Reposts>), ConnErro
     let max_message = setup.config.max_payload.min(setup.peer_hello.max_payload) as usize;
     let (shared, outgoing, reposts) = shared::Shared::new(setup, credits, max_message);
     let shared = Arc::new(shared);
-    Ok((Link::new(shared.clone()), Driver::new(shared, outgoing), reposts))
+    let driver = Driver::new(shared, outgoing);
+    Ok((Link::new(driver.reader()), driver, reposts))
 }
 
 /// The hello this side sends for `config`, with receive buffers of `buf_size`.

@@ -10,6 +10,8 @@ use zerocast_mem::{Buf, Pool, PoolError, Wait};
 
 use crate::recv::RecvBuf;
 use crate::shared::{Delivery, Outgoing, Shared};
+use crate::source::{AppReading, Pumped};
+use crate::Driver;
 
 /// The application's handle to one connection. Cheap to clone; every clone
 /// may send and receive from its own thread.
@@ -19,6 +21,8 @@ use crate::shared::{Delivery, Outgoing, Shared};
 #[derive(Debug, Clone)]
 pub struct Link {
     shared: Arc<Shared>,
+    /// For reading the backend's [`crate::Source`] on the calling thread.
+    reader: Driver,
 }
 
 /// A snapshot of a connection's counters.
@@ -34,11 +38,14 @@ pub struct LinkStats {
     pub held: u32,
     /// Messages delivered and not yet taken by `recv`.
     pub queued: usize,
+    /// Data frames the sending thread wrote itself, with no hand-off to
+    /// the backend's writer thread (see [`crate::Wire`]).
+    pub direct_sends: u64,
 }
 
 impl Link {
-    pub(crate) fn new(shared: Arc<Shared>) -> Self {
-        Self { shared }
+    pub(crate) fn new(reader: Driver) -> Self {
+        Self { shared: reader.shared.clone(), reader }
     }
 
     /// A send buffer for `len` bytes from the connection's pool.
@@ -110,26 +117,39 @@ impl Link {
                 Ok(r) => break r,
                 Err(_) => match wait {
                     None => return Err(SendError::Full(buf)),
-                    Some(None) => {
-                        st = self.shared.credit_cv.wait(st).unwrap_or_else(|p| p.into_inner());
-                    }
+                    Some(None) => st = self.shared.wait_cv(st, None),
                     Some(Some(deadline)) => {
                         let now = Instant::now();
                         if now >= deadline {
                             return Err(SendError::Timeout(buf));
                         }
-                        st = self
-                            .shared
-                            .credit_cv
-                            .wait_timeout(st, deadline - now)
-                            .unwrap_or_else(|p| p.into_inner())
-                            .0;
+                        st = self.shared.wait_cv(st, Some(deadline - now));
                     }
                 },
             }
         };
+        let (mut st, buf, reservation) = if tag == 0 {
+            match self.shared.try_direct(st, buf, reservation) {
+                Ok(()) => return Ok(()),
+                Err(back) => back,
+            }
+        } else {
+            (st, buf, reservation)
+        };
+        if let Some(e) = st.failed.clone() {
+            st.credits.cancel(reservation);
+            return Err(SendError::Failed(buf, e));
+        }
+        if st.goodbye_sent {
+            // Closed from another thread while this frame was being placed.
+            st.credits.cancel(reservation);
+            return Err(SendError::Disconnected(buf));
+        }
         match self.shared.tx.try_send(Outgoing::Data(buf, reservation, tag)) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                st.queued_data += 1;
+                Ok(())
+            }
             Err(TrySendError::Full(Outgoing::Data(buf, r, _)))
             | Err(TrySendError::Disconnected(Outgoing::Data(buf, r, _))) => {
                 // The writer is gone (or, impossibly, its queue is full):
@@ -150,6 +170,11 @@ impl Link {
     /// [`RecvError::Disconnected`] (or [`RecvError::Failed`] if the
     /// connection broke).
     pub fn recv(&self, deadline: Option<Instant>) -> Result<RecvBuf, RecvError> {
+        if self.shared.source.0.get().is_some() {
+            if let Some(r) = self.recv_reading(deadline) {
+                return r;
+            }
+        }
         let d = match deadline {
             None => self.shared.delivered_rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
             Some(dl) => self.shared.delivered_rx.recv_deadline(dl),
@@ -158,6 +183,35 @@ impl Link {
             Ok(d) => self.deliver(d),
             Err(RecvTimeoutError::Timeout) => Err(RecvError::Timeout),
             Err(RecvTimeoutError::Disconnected) => Err(RecvError::Disconnected),
+        }
+    }
+
+    /// Receive by reading the backend's source on this thread (see
+    /// [`crate::Source`]). `None`: another thread is reading it; wait for
+    /// its deliveries instead.
+    fn recv_reading(&self, deadline: Option<Instant>) -> Option<Result<RecvBuf, RecvError>> {
+        let _reading = AppReading::enter(&self.shared.app_readers);
+        loop {
+            match self.shared.delivered_rx.try_recv() {
+                Ok(d) => return Some(self.deliver(d)),
+                Err(TryRecvError::Disconnected) => return Some(Err(RecvError::Disconnected)),
+                Err(TryRecvError::Empty) => {}
+            }
+            // Wake up now and then even without a deadline: another thread
+            // may take over the reading.
+            let slice = Instant::now() + Duration::from_millis(100);
+            let until = deadline.map_or(slice, |d| d.min(slice));
+            match self.reader.try_pump(Some(until))? {
+                Pumped::Frames | Pumped::Done => {}
+                Pumped::Idle => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Some(match self.shared.delivered_rx.try_recv() {
+                            Ok(d) => self.deliver(d),
+                            Err(_) => Err(RecvError::Timeout),
+                        });
+                    }
+                }
+            }
         }
     }
 
@@ -231,7 +285,7 @@ impl Link {
                     _ => return false,
                 },
             };
-            st = self.shared.credit_cv.wait_timeout(st, wait).unwrap_or_else(|p| p.into_inner()).0;
+            st = self.shared.wait_cv(st, Some(wait));
         }
     }
 
@@ -255,6 +309,7 @@ impl Link {
             outstanding: st.credits.outstanding(),
             held: st.credits.held(),
             queued: self.shared.delivered_rx.len(),
+            direct_sends: st.direct_sends,
         }
     }
 }

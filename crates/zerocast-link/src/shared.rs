@@ -1,5 +1,6 @@
 //! State shared by the application handles and the backend's threads.
 
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -7,6 +8,8 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use zerocast_core::{ConnError, Credits, Endpoint};
 use zerocast_mem::{Buf, Pool};
 
+use crate::source::SourceCell;
+use crate::wire::WireCell;
 use crate::LinkSetup;
 
 /// A work item for the backend's writer.
@@ -41,6 +44,14 @@ pub(crate) struct State {
     pub(crate) peer_closed: bool,
     /// The connection failed.
     pub(crate) failed: Option<ConnError>,
+    /// Data items queued for the writer and not yet stamped. A sending
+    /// thread writes its frame itself only when this is 0, so it never
+    /// overtakes a frame sent before it.
+    pub(crate) queued_data: u32,
+    /// Threads waiting on `credit_cv`.
+    pub(crate) cv_waiters: u32,
+    /// Data frames the sending thread wrote itself.
+    pub(crate) direct_sends: u64,
     /// A `Wake` is queued for the writer.
     pub(crate) wake_queued: bool,
     /// `End` was delivered to the application.
@@ -71,6 +82,12 @@ pub(crate) struct Shared {
     pub(crate) max_payload: u64,
     /// The connection's heartbeat interval, if heartbeats are on.
     pub(crate) heartbeat: Option<Duration>,
+    /// The backend's write path, when sending threads may drive it.
+    pub(crate) wire: WireCell,
+    /// The backend's read path, when receiving threads may drive it.
+    pub(crate) source: SourceCell,
+    /// Application threads reading the source now.
+    pub(crate) app_readers: AtomicUsize,
 }
 
 impl Shared {
@@ -97,6 +114,9 @@ impl Shared {
             receiver_gone: false,
             peer_closed: false,
             failed: None,
+            queued_data: 0,
+            direct_sends: 0,
+            cv_waiters: 0,
             wake_queued: false,
             ended: false,
             writer_done: false,
@@ -118,8 +138,27 @@ impl Shared {
             max_batch: setup.config.max_batch,
             max_payload: setup.config.max_payload,
             heartbeat,
+            wire: WireCell::default(),
+            source: SourceCell::default(),
+            app_readers: AtomicUsize::new(0),
         };
         (shared, rx, reposts_rx)
+    }
+
+    /// Wait on `credit_cv` (at most `timeout`), counted in `cv_waiters` so
+    /// that hot paths notify only when somebody waits.
+    pub(crate) fn wait_cv<'a>(
+        &self,
+        mut st: MutexGuard<'a, State>,
+        timeout: Option<Duration>,
+    ) -> MutexGuard<'a, State> {
+        st.cv_waiters += 1;
+        let mut st = match timeout {
+            None => self.credit_cv.wait(st).unwrap_or_else(|p| p.into_inner()),
+            Some(t) => self.credit_cv.wait_timeout(st, t).unwrap_or_else(|p| p.into_inner()).0,
+        };
+        st.cv_waiters -= 1;
+        st
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
@@ -142,6 +181,15 @@ impl Shared {
         if st.credits.release().unwrap_or(false) {
             self.wake_writer(&mut st);
         }
+    }
+
+    /// The connection failed (the first error is kept): wake everyone.
+    pub(crate) fn fail(&self, st: &mut State, err: ConnError) {
+        if st.failed.is_none() {
+            tracing::debug!(peer = %self.peer, error = %err, "connection failed");
+            st.failed = Some(err);
+        }
+        self.end(st);
     }
 
     /// Mark the stream ended for the application and wake everyone.

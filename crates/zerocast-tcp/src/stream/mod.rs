@@ -177,9 +177,9 @@ impl TcpTransport {
             thread::Builder::new().name(format!("zerocast-tcp-{name}")).spawn(f).map_err(io_err)
         };
         let (d, s, frame_timeout) = (driver.clone(), sock.clone(), self.cfg.frame_timeout);
-        spawn("rx", Box::new(move || reader::run(&s, &d, frame_timeout)))?;
-        let (d, s, batch) = (driver, sock.clone(), link_cfg.max_batch);
-        spawn("tx", Box::new(move || writer::run(&s, &d, batch)))?;
+        spawn("rx", Box::new(move || reader::run(s, &d, frame_timeout)))?;
+        let (d, s) = (driver, sock.clone());
+        spawn("tx", Box::new(move || writer::run(s, &d)))?;
         tracing::debug!(%peer, window = link_cfg.recv_window, peer_window = peer_hello.window, "tcp connection up");
         Ok(TcpConnection::new(link, ShutdownOnDrop(sock)))
     }

@@ -7,11 +7,15 @@
 
 use std::io::{ErrorKind, IoSliceMut, Read};
 use std::net::Shutdown;
-use std::time::Duration;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
 
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::net::{recv, RecvFlags};
 use socket2::Socket;
 use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
-use zerocast_link::Driver;
+use zerocast_link::{Driver, Pumped, Source};
 use zerocast_mem::{Buf, Wait};
 
 /// Staging for headers and small frames.
@@ -23,42 +27,125 @@ const TAIL: usize = 4096;
 
 /// Why reading stopped.
 enum Stop {
+    /// Nothing more has arrived, at a frame boundary.
+    Idle,
     /// Clean end of stream at a frame boundary.
     Eof,
     /// The connection failed.
     Failed(ConnError),
 }
 
-pub(super) fn run(sock: &Socket, driver: &Driver, frame_timeout: Duration) {
-    let mut r = Reader { sock, staging: vec![0u8; STAGING], start: 0, end: 0 };
+/// How long the reader thread first sleeps while an application thread
+/// reads; it doubles up to [`STEP_ASIDE_MAX`] while that goes on.
+const STEP_ASIDE: Duration = Duration::from_millis(1);
+const STEP_ASIDE_MAX: Duration = Duration::from_millis(16);
+/// The reader thread's longest wait for the socket at once.
+const POLL_SLICE: Duration = Duration::from_millis(100);
+
+/// The reader thread: reads whenever no application thread does.
+pub(super) fn run(sock: Arc<Socket>, driver: &Driver, frame_timeout: Duration) {
     if let Err(e) = sock.set_read_timeout(Some(frame_timeout)) {
         driver.fail(e.into());
+        let _ = sock.shutdown(Shutdown::Both);
         return;
     }
-    let stop = loop {
-        match r.frame(driver) {
-            Ok(()) => {}
-            Err(s) => break s,
+    driver.install_source(Box::new(Reader::new(sock.clone())));
+    let mut aside = STEP_ASIDE;
+    loop {
+        if driver.app_reading() {
+            // Longer naps while the application keeps reading; back within
+            // STEP_ASIDE_MAX once it stops.
+            thread::sleep(aside);
+            aside = (aside * 2).min(STEP_ASIDE_MAX);
+            continue;
         }
-    };
-    match stop {
-        Stop::Eof => driver.on_end(),
-        Stop::Failed(e) => {
-            tracing::debug!(peer = %driver.peer(), error = %e, "tcp reader stops");
-            driver.fail(e);
-            let _ = sock.shutdown(Shutdown::Both);
+        aside = STEP_ASIDE;
+        // Wait for data without holding the source, so an application
+        // thread can take over the reading at any time.
+        if !readable(&sock, POLL_SLICE) || driver.app_reading() {
+            continue;
+        }
+        match driver.try_pump(None) {
+            Some(Pumped::Done) => return,
+            Some(_) => {}
+            None => thread::sleep(STEP_ASIDE),
         }
     }
 }
 
-struct Reader<'a> {
-    sock: &'a Socket,
+/// Whether `sock` has something to read (data, end of stream or an error)
+/// within `wait`.
+fn readable(sock: &Socket, wait: Duration) -> bool {
+    let mut fds = [PollFd::new(sock, PollFlags::IN)];
+    let ts = Timespec { tv_sec: wait.as_secs() as i64, tv_nsec: i64::from(wait.subsec_nanos()) };
+    matches!(poll(&mut fds, Some(&ts)), Ok(n) if n > 0)
+        || fds[0].revents().intersects(PollFlags::ERR | PollFlags::HUP)
+}
+
+/// The socket's read half: staging and the decoder's place in the stream.
+pub(super) struct Reader {
+    sock: Arc<Socket>,
     staging: Vec<u8>,
     start: usize,
     end: usize,
+    done: bool,
+    /// The last read returned less than it had room for: the socket was
+    /// empty then, so a pump that has handed frames over need not ask again.
+    drained: bool,
 }
 
-impl Reader<'_> {
+impl Source for Reader {
+    fn pump(&mut self, driver: &Driver, until: Option<Instant>) -> Pumped {
+        if self.done {
+            return Pumped::Done;
+        }
+        let wait = |sock: &Socket| {
+            let left = until.and_then(|u| u.checked_duration_since(Instant::now()));
+            matches!(left, Some(left) if !left.is_zero() && readable(sock, left))
+        };
+        let mut frames = 0usize;
+        loop {
+            if self.drained && self.start == self.end {
+                // The socket was empty at the last read: wait for it
+                // rather than ask it again.
+                if frames > 0 {
+                    return Pumped::Frames;
+                }
+                if until.is_some() && !wait(&self.sock) {
+                    return Pumped::Idle;
+                }
+                self.drained = false;
+            }
+            match self.frame(driver) {
+                Ok(()) => frames += 1,
+                Err(Stop::Idle) if frames > 0 => return Pumped::Frames,
+                Err(Stop::Idle) => {
+                    if !wait(&self.sock) {
+                        return Pumped::Idle;
+                    }
+                }
+                Err(stop) => {
+                    self.done = true;
+                    match stop {
+                        Stop::Failed(e) => {
+                            tracing::debug!(peer = %driver.peer(), error = %e, "tcp reader stops");
+                            driver.fail(e);
+                            let _ = self.sock.shutdown(Shutdown::Both);
+                        }
+                        _ => driver.on_end(),
+                    }
+                    return Pumped::Done;
+                }
+            }
+        }
+    }
+}
+
+impl Reader {
+    fn new(sock: Arc<Socket>) -> Self {
+        Self { sock, staging: vec![0u8; STAGING], start: 0, end: 0, done: false, drained: false }
+    }
+
     fn frame(&mut self, driver: &Driver) -> Result<(), Stop> {
         self.fill(HEADER_LEN, true)?;
         let header = Header::decode(&self.staging[self.start..self.end], driver.max_payload())
@@ -97,7 +184,9 @@ impl Reader<'_> {
                 self.end = 0;
                 let mut iov =
                     [IoSliceMut::new(&mut buf[got..len]), IoSliceMut::new(&mut self.staging[..TAIL])];
-                let n = read_some(self.sock, &mut iov).map_err(|s| truncated(s, got, len))?;
+                let room = len - got + TAIL;
+                let n = read_some(&self.sock, &mut iov).map_err(|s| truncated(s, got, len))?;
+                self.drained = n < room;
                 driver.on_activity();
                 let direct = n.min(len - got);
                 got += direct;
@@ -120,14 +209,18 @@ impl Reader<'_> {
         }
         while self.end - self.start < n {
             let idle = at_boundary && self.end == self.start;
-            match self.sock_read() {
+            let got = if idle { self.sock_read_now() } else { self.sock_read() };
+            match got {
                 Ok(0) if idle => return Err(Stop::Eof),
                 Ok(0) => {
                     let got = (self.end - self.start) as u64;
                     return Err(Stop::Failed(ConnError::Truncated { got, expected: n as u64 }));
                 }
-                Ok(k) => self.end += k,
-                Err(e) if is_timeout(&e) && idle => continue,
+                Ok(k) => {
+                    self.drained = k < self.staging.len() - self.end;
+                    self.end += k;
+                }
+                Err(e) if is_timeout(&e) && idle => return Err(Stop::Idle),
                 Err(e) if is_timeout(&e) => {
                     return Err(Stop::Failed(ConnError::TimedOut("peer stopped in the middle of a frame")))
                 }
@@ -139,8 +232,14 @@ impl Reader<'_> {
     }
 
     fn sock_read(&mut self) -> std::io::Result<usize> {
-        let mut s = self.sock;
+        let mut s = &*self.sock;
         s.read(&mut self.staging[self.end..])
+    }
+
+    /// Read what is there without waiting (`WouldBlock` if nothing is).
+    fn sock_read_now(&mut self) -> std::io::Result<usize> {
+        let (n, _) = recv(&*self.sock, &mut self.staging[self.end..], RecvFlags::DONTWAIT)?;
+        Ok(n)
     }
 }
 
@@ -162,7 +261,7 @@ fn read_some(sock: &Socket, iov: &mut [IoSliceMut<'_>]) -> Result<usize, Stop> {
 /// Report a truncation with the frame's real progress.
 fn truncated(s: Stop, got: usize, len: usize) -> Stop {
     match s {
-        Stop::Failed(ConnError::Truncated { .. }) | Stop::Eof => {
+        Stop::Failed(ConnError::Truncated { .. }) | Stop::Eof | Stop::Idle => {
             Stop::Failed(ConnError::Truncated { got: got as u64, expected: len as u64 })
         }
         other => other,

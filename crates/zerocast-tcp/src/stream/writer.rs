@@ -1,4 +1,5 @@
-//! The writer thread: gather queued frames into one `writev` per batch.
+//! The socket's write half: one `writev` per batch of frames, from the
+//! writer thread or from a sending thread (see [`zerocast_link::Wire`]).
 //!
 //! Headers and small payloads are copied into one contiguous staging buffer
 //! (a kernel copy of one long slice is far cheaper than of many short ones);
@@ -6,10 +7,11 @@
 
 use std::io::{ErrorKind, IoSlice, Write};
 use std::net::Shutdown;
+use std::sync::Arc;
 
 use socket2::Socket;
 use zerocast_core::{ConnError, HEADER_LEN};
-use zerocast_link::{Driver, Frame};
+use zerocast_link::{Driver, Frame, Wire, WireCtx};
 
 /// Frames per `writev` call.
 const CHUNK: usize = 64;
@@ -23,27 +25,18 @@ enum Piece {
     Payload(usize),
 }
 
-pub(super) fn run(sock: &Socket, driver: &Driver, max_batch: usize) {
-    let mut batch: Vec<Frame> = Vec::with_capacity(max_batch + 2);
-    // Sized once for the worst chunk, so it never grows while running.
-    let mut staging: Vec<u8> = Vec::with_capacity(CHUNK * (HEADER_LEN + COPY_MAX));
+pub(super) fn run(sock: Arc<Socket>, driver: &Driver) {
     // With heartbeats, a write the peer does not drain returns four times
     // per interval to run the heartbeat check.
     if let Err(e) = sock.set_write_timeout(driver.heartbeat().map(|hb| hb / 4)) {
         driver.fail(e.into());
     }
-    while driver.next_batch(&mut batch) {
-        for chunk in batch.chunks(CHUNK) {
-            if let Err(e) = write_chunk(sock, driver, chunk, &mut staging) {
-                tracing::debug!(peer = %driver.peer(), error = %e, "tcp writer stops");
-                driver.fail(e);
-                let _ = sock.shutdown(Shutdown::Both);
-                return;
-            }
-        }
-        // Written: the payloads go back to the pool.
-        batch.clear();
-    }
+    let wire = TcpWire {
+        sock: sock.clone(),
+        // Sized once for the worst chunk, so it never grows while running.
+        staging: Vec::with_capacity(CHUNK * (HEADER_LEN + COPY_MAX)),
+    };
+    driver.run_writer(Box::new(wire));
     if driver.error().is_some() {
         // Failed here (a heartbeat timeout) or in the reader: wake the
         // reader too, which may be waiting on a silent peer.
@@ -54,9 +47,28 @@ pub(super) fn run(sock: &Socket, driver: &Driver, max_batch: usize) {
     driver.writer_done();
 }
 
+/// The socket's write half, used by the writer thread and by sending threads.
+struct TcpWire {
+    sock: Arc<Socket>,
+    staging: Vec<u8>,
+}
+
+impl Wire for TcpWire {
+    fn write(&mut self, frames: &[Frame], ctx: &WireCtx<'_>) -> Result<(), ConnError> {
+        for chunk in frames.chunks(CHUNK) {
+            if let Err(e) = write_chunk(&self.sock, ctx, chunk, &mut self.staging) {
+                tracing::debug!(peer = %ctx.peer(), error = %e, "tcp write failed");
+                let _ = self.sock.shutdown(Shutdown::Both);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
 fn write_chunk(
     sock: &Socket,
-    driver: &Driver,
+    ctx: &WireCtx<'_>,
     frames: &[Frame],
     staging: &mut Vec<u8>,
 ) -> Result<(), ConnError> {
@@ -97,7 +109,7 @@ fn write_chunk(
             Ok(k) => IoSlice::advance_slices(&mut slices, k),
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                driver.check_heartbeat()?;
+                ctx.check_heartbeat()?;
             }
             Err(e) => return Err(e.into()),
         }

@@ -1,0 +1,174 @@
+//! Writing frames from the sending thread itself.
+//!
+//! A backend whose write path any thread may drive (a TCP socket, the
+//! in-process queues) hands it to [`Driver::run_writer`] as a [`Wire`]. Its
+//! writer thread then writes through it, and so may a sending thread: when
+//! nothing is queued for the writer, few frames are in flight (so batching
+//! would gain nothing) and no write is in progress, [`crate::Link::send`]
+//! stamps its frame and writes it at once, without a hand-off to the writer
+//! thread. That is one thread wake-up less on the latency path; under load
+//! frames queue up and go out in batches as before.
+//!
+//! Order: every frame is stamped and written while the wire's lock is held,
+//! and a sending thread writes only when no earlier data frame is queued, so
+//! frames reach the wire in the order they were stamped.
+
+use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
+use std::time::Instant;
+
+use zerocast_core::{ConnError, FrameKind, Reservation};
+use zerocast_mem::Buf;
+
+use crate::driver::{Fill, Wait};
+use crate::shared::{Shared, State};
+use crate::{Driver, Frame};
+
+/// A sending thread writes its frame itself only while fewer than this many
+/// frames are in flight: beyond that, batching in the writer pays more.
+pub(crate) const DIRECT_MAX_OUTSTANDING: u32 = 4;
+
+/// A backend's write path, driven by its writer thread and by sending threads.
+pub trait Wire: Send {
+    /// Write `frames`, in order, now, on the calling thread. Called with the
+    /// wire's lock held, so no other frame is written meanwhile. An error
+    /// fails the connection; the wire should then stop its reader too (shut
+    /// the socket down, say).
+    fn write(&mut self, frames: &[Frame], ctx: &WireCtx<'_>) -> Result<(), ConnError>;
+}
+
+/// What a [`Wire`] may ask of its connection while it writes.
+#[derive(Debug)]
+pub struct WireCtx<'a> {
+    shared: &'a Shared,
+}
+
+impl WireCtx<'_> {
+    /// For a write the peer does not drain: run the heartbeat check now
+    /// (see [`Driver::check_heartbeat`]).
+    pub fn check_heartbeat(&self) -> Result<(), ConnError> {
+        self.shared.check_heartbeat()
+    }
+
+    /// The heartbeat interval, if heartbeats are on.
+    pub fn heartbeat(&self) -> Option<std::time::Duration> {
+        self.shared.heartbeat
+    }
+
+    /// The peer, for logs.
+    pub fn peer(&self) -> &zerocast_core::Endpoint {
+        &self.shared.peer
+    }
+}
+
+pub(crate) type WireLock = Mutex<Box<dyn Wire>>;
+
+/// Where a link keeps its wire once the writer installs it.
+#[derive(Default)]
+pub(crate) struct WireCell(pub(crate) OnceLock<WireLock>);
+
+impl std::fmt::Debug for WireCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() { "WireCell(installed)" } else { "WireCell(none)" })
+    }
+}
+
+fn lock_wire(w: &WireLock) -> MutexGuard<'_, Box<dyn Wire>> {
+    w.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Driver {
+    /// Run the writer on this thread, writing through `wire`, which sending
+    /// threads may now use too (see the module docs). Returns when the
+    /// writer should stop: the connection failed (a write error included),
+    /// or both sides said goodbye and everything is written.
+    pub fn run_writer(&self, wire: Box<dyn Wire>) {
+        let shared = &*self.shared;
+        let wire: &WireLock = shared.wire.0.get_or_init(|| Mutex::new(wire));
+        let mut batch = Vec::with_capacity(shared.max_batch + 2);
+        loop {
+            let first = match self.wait_item() {
+                Wait::Item(item) => Some(item),
+                Wait::Tick => None,
+                Wait::Stop => return,
+            };
+            let mut w = lock_wire(wire);
+            match self.fill(first, &mut batch) {
+                Fill::Ready => {}
+                Fill::Empty => continue,
+                Fill::Stop => return,
+            }
+            let res = w.write(&batch, &WireCtx { shared });
+            drop(w);
+            // Written: the payloads go back to the pool.
+            batch.clear();
+            if let Err(e) = res {
+                self.fail(e);
+                return;
+            }
+        }
+    }
+}
+
+impl Shared {
+    pub(crate) fn check_heartbeat(&self) -> Result<(), ConnError> {
+        let mut st = self.lock();
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        let Some(hb) = self.heartbeat else { return Ok(()) };
+        if let Err(e) = Driver::check_silence(&mut st, Instant::now(), hb) {
+            self.fail(&mut st, e.clone());
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Write a data frame on the calling thread if the wire allows it now
+    /// (see the module docs). `Ok(())`: handled (written, or the connection
+    /// failed while writing; later calls report it). `Err`: not handled; the
+    /// state lock is held again and the caller queues the frame.
+    pub(crate) fn try_direct<'a>(
+        &'a self,
+        st: std::sync::MutexGuard<'a, State>,
+        buf: Buf,
+        r: Reservation,
+    ) -> Result<(), (std::sync::MutexGuard<'a, State>, Buf, Reservation)> {
+        let Some(wire) = self.wire.0.get() else { return Err((st, buf, r)) };
+        if st.queued_data > 0 || st.credits.outstanding() > DIRECT_MAX_OUTSTANDING {
+            return Err((st, buf, r));
+        }
+        drop(st);
+        let mut w = match wire.try_lock() {
+            Ok(w) => w,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return Err((self.lock(), buf, r)),
+        };
+        let mut st = self.lock();
+        // Checked again under the wire lock: a frame queued, or a goodbye
+        // stamped, since.
+        if st.queued_data > 0 || st.goodbye_sent || st.failed.is_some() {
+            drop(w);
+            return Err((st, buf, r));
+        }
+        let starved = st.credits.peer_may_be_starved();
+        let stamp = st.credits.commit(r);
+        st.direct_sends += 1;
+        if self.heartbeat.is_some() {
+            let now = Instant::now();
+            st.last_tx = now;
+            if starved {
+                st.last_rx = st.last_rx.max(now);
+            }
+        }
+        drop(st);
+        let frame =
+            Frame { header: stamp.header(FrameKind::Data, buf.len() as u64), payload: Some(buf), tag: 0 };
+        let res = w.write(std::slice::from_ref(&frame), &WireCtx { shared: self });
+        drop(w);
+        drop(frame);
+        if let Err(e) = res {
+            self.fail(&mut self.lock(), e);
+        }
+        Ok(())
+    }
+}

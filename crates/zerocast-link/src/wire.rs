@@ -7,7 +7,8 @@
 //! would gain nothing) and no write is in progress, [`crate::Link::send`]
 //! stamps its frame and writes it at once, without a hand-off to the writer
 //! thread. That is one thread wake-up less on the latency path; under load
-//! frames queue up and go out in batches as before.
+//! small frames queue up and go out in batches as before. Large frames
+//! ([`DIRECT_LARGE`]) are written by their sender whenever the wire is free.
 //!
 //! Order: every frame is stamped and written while the wire's lock is held,
 //! and a sending thread writes only when no earlier data frame is queued, so
@@ -26,6 +27,11 @@ use crate::{Driver, Frame};
 /// A sending thread writes its frame itself only while fewer than this many
 /// frames are in flight: beyond that, batching in the writer pays more.
 pub(crate) const DIRECT_MAX_OUTSTANDING: u32 = 4;
+
+/// A frame this large is written by its sending thread whenever the wire
+/// is free, however many are in flight: it is one write of its own in any
+/// batch, so a hand-off to the writer thread would only add a wake-up.
+pub(crate) const DIRECT_LARGE: usize = 16 * 1024;
 
 /// A backend's write path, driven by its writer thread and by sending threads.
 pub trait Wire: Send {
@@ -134,7 +140,8 @@ impl Shared {
         r: Reservation,
     ) -> Result<(), (std::sync::MutexGuard<'a, State>, Buf, Reservation)> {
         let Some(wire) = self.wire.0.get() else { return Err((st, buf, r)) };
-        if st.queued_data > 0 || st.credits.outstanding() > DIRECT_MAX_OUTSTANDING {
+        let quiet = st.credits.outstanding() <= DIRECT_MAX_OUTSTANDING;
+        if st.queued_data > 0 || !(quiet || buf.len() >= DIRECT_LARGE) {
             return Err((st, buf, r));
         }
         drop(st);

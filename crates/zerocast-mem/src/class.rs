@@ -10,11 +10,11 @@ use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ord
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use crossbeam_queue::ArrayQueue;
 use slab::Slab;
 
 use crate::config::ClassLayout;
 use crate::error::PoolError;
+use crate::freelist::FreeList;
 use crate::region::Region;
 use crate::registrar::{Keys, Registrar};
 
@@ -110,7 +110,7 @@ pub(crate) enum Grow {
 #[derive(Debug)]
 pub(crate) struct SizeClass {
     pub(crate) layout: ClassLayout,
-    free: ArrayQueue<Entry>,
+    free: FreeList,
     /// Indexed by region key; `layout.max_regions` long.
     directory: Box<[RegionInfo]>,
     /// Owns the regions; slab key = region key. Its lock is the growth lock.
@@ -139,7 +139,7 @@ impl SizeClass {
             .collect();
         Self {
             layout,
-            free: ArrayQueue::new(layout.max_buffers()),
+            free: FreeList::new(layout.max_buffers()),
             directory,
             regions: Mutex::new(Slab::with_capacity(layout.max_regions.min(64))),
             region_count: AtomicUsize::new(0),
@@ -152,7 +152,7 @@ impl SizeClass {
 
     /// Hot path: take a free slot, if any. Lock-free, allocation-free.
     pub(crate) fn try_take(&self) -> Option<Entry> {
-        let e = self.free.pop()?;
+        let e = self.entry_of(self.free.pop()?);
         self.in_use.fetch_add(1, Ordering::Relaxed);
         Some(e)
     }
@@ -160,9 +160,7 @@ impl SizeClass {
     /// Hot path: give a slot back and wake one waiter if anyone waits.
     /// Takes a lock only when somebody is waiting.
     pub(crate) fn put(&self, entry: Entry) {
-        let pushed = self.free.push(entry);
-        // The queue holds every slot the class can ever have, so it is never full.
-        debug_assert!(pushed.is_ok(), "free list overflow");
+        self.free.push(self.index_of(entry));
         self.in_use.fetch_sub(1, Ordering::Relaxed);
         // Pairs with the fence in `wait`: either we see the waiter's
         // increment, or the waiter's pop sees our push.
@@ -221,8 +219,7 @@ impl SizeClass {
         );
         // `key < max_regions` (checked above) and `slots_per_region` fit u32 (validated).
         for slot in 0..l.slots_per_region {
-            let pushed = self.free.push(encode(key as u32, slot as u32));
-            debug_assert!(pushed.is_ok(), "free list overflow");
+            self.free.push(self.index_of(encode(key as u32, slot as u32)));
         }
         drop(regions);
         self.wake_all();
@@ -298,7 +295,19 @@ impl SizeClass {
 
     /// Buffers not in use right now. Exact when nothing runs concurrently.
     pub(crate) fn buffers_free(&self) -> usize {
-        self.free.len()
+        (self.regions() * self.layout.slots_per_region).saturating_sub(self.buffers_in_use())
+    }
+
+    /// The free list's index of an entry: regions' slots numbered in a row.
+    fn index_of(&self, entry: Entry) -> u32 {
+        let (region, slot) = decode(entry);
+        // < max_buffers < u32::MAX (validated).
+        (region as usize * self.layout.slots_per_region + slot as usize) as u32
+    }
+
+    fn entry_of(&self, idx: u32) -> Entry {
+        let per = self.layout.slots_per_region;
+        encode((idx as usize / per) as u32, (idx as usize % per) as u32)
     }
 
     pub(crate) fn buffers_in_use(&self) -> usize {

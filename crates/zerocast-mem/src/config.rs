@@ -130,7 +130,7 @@ impl PoolConfig {
             }
             if layout.max_regions > u32::MAX as usize
                 || layout.slots_per_region > u32::MAX as usize
-                || layout.max_buffers() > isize::MAX as usize / 16
+                || layout.max_buffers() >= u32::MAX as usize
             {
                 return bad(format!(
                     "class {size} could hold {} regions of {} buffers under max_bytes {}; \

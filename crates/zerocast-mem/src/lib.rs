@@ -58,6 +58,7 @@ mod config;
 #[cfg(feature = "counting-alloc")]
 mod counting;
 mod error;
+mod freelist;
 mod pool;
 mod region;
 mod registrar;

@@ -1,5 +1,6 @@
 //! The application's side of a connection.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -191,6 +192,7 @@ impl Link {
     /// its deliveries instead.
     fn recv_reading(&self, deadline: Option<Instant>) -> Option<Result<RecvBuf, RecvError>> {
         let _reading = AppReading::enter(&self.shared.app_readers);
+        let mut busy = 0;
         loop {
             match self.shared.delivered_rx.try_recv() {
                 Ok(d) => return Some(self.deliver(d)),
@@ -201,7 +203,21 @@ impl Link {
             // may take over the reading.
             let slice = Instant::now() + Duration::from_millis(100);
             let until = deadline.map_or(slice, |d| d.min(slice));
-            match self.reader.try_pump(Some(until))? {
+            let pumped = match self.reader.pump_as(Some(until), false) {
+                Some(p) => p,
+                // The backend's reader thread has the source for a moment;
+                // it steps aside now that this thread is reading.
+                // (Or had it: the lock came free as the flag went down.)
+                None if self.shared.bg_pumping.load(Ordering::SeqCst) || busy < 3 => {
+                    busy += 1;
+                    std::thread::yield_now();
+                    continue;
+                }
+                // Another application thread is reading: its deliveries
+                // come through the queue.
+                None => return None,
+            };
+            match pumped {
                 Pumped::Frames | Pumped::Done => {}
                 Pumped::Idle => {
                     if deadline.is_some_and(|d| Instant::now() >= d) {

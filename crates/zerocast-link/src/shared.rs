@@ -1,6 +1,6 @@
 //! State shared by the application handles and the backend's threads.
 
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -88,6 +88,8 @@ pub(crate) struct Shared {
     pub(crate) source: SourceCell,
     /// Application threads reading the source now.
     pub(crate) app_readers: AtomicUsize,
+    /// The backend's reader thread is pumping the source now.
+    pub(crate) bg_pumping: AtomicBool,
 }
 
 impl Shared {
@@ -141,6 +143,7 @@ impl Shared {
             wire: WireCell::default(),
             source: SourceCell::default(),
             app_readers: AtomicUsize::new(0),
+            bg_pumping: AtomicBool::new(false),
         };
         (shared, rx, reposts_rx)
     }

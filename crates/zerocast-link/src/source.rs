@@ -58,16 +58,31 @@ impl Driver {
         let _ = self.shared.source.0.set(Mutex::new(source));
     }
 
-    /// Pump the installed source, unless another thread is pumping it now
-    /// (`None`) or no source is installed (`Some(Pumped::Done)`).
+    /// Pump the installed source from the backend's reader thread, unless
+    /// another thread is pumping it now (`None`) or no source is installed
+    /// (`Some(Pumped::Done)`).
     pub fn try_pump(&self, until: Option<Instant>) -> Option<Pumped> {
+        self.pump_as(until, true)
+    }
+
+    /// Pump the source; `background`: from the backend's reader thread,
+    /// which an application thread that finds it pumping waits for.
+    pub(crate) fn pump_as(&self, until: Option<Instant>, background: bool) -> Option<Pumped> {
         let Some(src) = self.shared.source.0.get() else { return Some(Pumped::Done) };
-        let mut s = match src.try_lock() {
-            Ok(s) => s,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return None,
+        // Raised before the lock is tried, so an application thread that
+        // finds the lock taken by this thread also finds the flag up.
+        if background {
+            self.shared.bg_pumping.store(true, Ordering::SeqCst);
+        }
+        let r = match src.try_lock() {
+            Ok(mut s) => Some(s.pump(self, until)),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner().pump(self, until)),
+            Err(TryLockError::WouldBlock) => None,
         };
-        Some(s.pump(self, until))
+        if background {
+            self.shared.bg_pumping.store(false, Ordering::SeqCst);
+        }
+        r
     }
 
     /// Whether an application thread is reading the source now: the

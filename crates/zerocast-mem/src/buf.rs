@@ -116,7 +116,7 @@ impl Buf {
 
 impl Drop for Buf {
     fn drop(&mut self) {
-        self.pool.classes[self.class as usize].put(encode(self.region, self.slot));
+        crate::cache::put(&self.pool, self.class as usize, encode(self.region, self.slot));
     }
 }
 

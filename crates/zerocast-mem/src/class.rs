@@ -6,12 +6,13 @@
 //! cap, under `wait_lock`.
 
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{fence, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use slab::Slab;
 
+use crate::cache::Shard;
 use crate::config::ClassLayout;
 use crate::error::PoolError;
 use crate::freelist::FreeList;
@@ -111,16 +112,31 @@ pub(crate) enum Grow {
 pub(crate) struct SizeClass {
     pub(crate) layout: ClassLayout,
     free: FreeList,
+    /// Free buffers moved out of thread caches in batches of
+    /// [`crate::cache::SPILL`], and refilled into them the same way: one
+    /// lock per batch instead of one contended update per buffer.
+    /// Preallocated for every buffer the class can hold.
+    depot: Mutex<Vec<u32>>,
     /// Indexed by region key; `layout.max_regions` long.
     directory: Box<[RegionInfo]>,
     /// Owns the regions; slab key = region key. Its lock is the growth lock.
     regions: Mutex<Slab<Region>>,
     region_count: AtomicUsize,
+    /// Buffers taken from (minus released to) the shared list directly;
+    /// per-thread caches count their own share (see [`crate::cache`]).
     in_use: AtomicUsize,
-    waiters: AtomicUsize,
+    /// The shares of caches whose thread has gone.
+    retired: AtomicI64,
+    /// Every thread cache of this class.
+    caches: Mutex<Vec<Arc<Shard>>>,
+    /// Unique among all classes of all pools: names this class in thread caches.
+    pub(crate) id: u64,
+    pub(crate) waiters: AtomicUsize,
     wait_lock: Mutex<()>,
     released: Condvar,
 }
+
+static NEXT_CLASS_ID: AtomicU64 = AtomicU64::new(0);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section leaves its data consistent before anything that
@@ -140,10 +156,18 @@ impl SizeClass {
         Self {
             layout,
             free: FreeList::new(layout.max_buffers()),
+            depot: Mutex::new(if layout.max_buffers() >= crate::cache::MIN_CACHED {
+                Vec::with_capacity(layout.max_buffers())
+            } else {
+                Vec::new()
+            }),
             directory,
             regions: Mutex::new(Slab::with_capacity(layout.max_regions.min(64))),
             region_count: AtomicUsize::new(0),
             in_use: AtomicUsize::new(0),
+            retired: AtomicI64::new(0),
+            caches: Mutex::new(Vec::new()),
+            id: NEXT_CLASS_ID.fetch_add(1, Ordering::Relaxed),
             waiters: AtomicUsize::new(0),
             wait_lock: Mutex::new(()),
             released: Condvar::new(),
@@ -152,9 +176,61 @@ impl SizeClass {
 
     /// Hot path: take a free slot, if any. Lock-free, allocation-free.
     pub(crate) fn try_take(&self) -> Option<Entry> {
-        let e = self.entry_of(self.free.pop()?);
+        let e = self.entry_of(self.pop_free()?);
         self.in_use.fetch_add(1, Ordering::Relaxed);
         Some(e)
+    }
+
+    /// Pop the shared free list (for a thread cache, which counts the
+    /// buffer as taken itself).
+    pub(crate) fn pop_free(&self) -> Option<u32> {
+        self.free.pop().or_else(|| lock(&self.depot).pop())
+    }
+
+    /// Move a batch from a thread cache to the depot.
+    pub(crate) fn depot_put(&self, batch: &[u32]) {
+        lock(&self.depot).extend_from_slice(batch);
+    }
+
+    /// Move up to `n` free buffers from the depot into `into`; how many.
+    pub(crate) fn depot_take(&self, into: &mut Vec<u32>, n: usize) -> usize {
+        let mut d = lock(&self.depot);
+        let k = n.min(d.len());
+        let from = d.len() - k;
+        into.extend_from_slice(&d[from..]);
+        d.truncate(from);
+        k
+    }
+
+    /// Push onto the shared free list (from a thread cache).
+    pub(crate) fn push_free(&self, idx: u32) {
+        self.free.push(idx);
+    }
+
+    /// Keep `shard` so that waiters can empty it and stats can count it.
+    /// Caches of threads that are gone are dropped here.
+    pub(crate) fn register(&self, shard: Arc<Shard>) {
+        let mut caches = lock(&self.caches);
+        caches.retain(|c| Arc::strong_count(c) > 1);
+        caches.push(shard);
+    }
+
+    /// Fold the share of a cache whose thread has gone into the class.
+    pub(crate) fn retire(&self, net_taken: i64) {
+        self.retired.fetch_add(net_taken, Ordering::AcqRel);
+    }
+
+    /// Move every thread cache's buffers to the shared list.
+    fn drain_caches(&self) {
+        for c in lock(&self.caches).iter() {
+            c.drain_into(self);
+        }
+    }
+
+    /// Wake one waiter (after a thread cache moved buffers to the shared list).
+    pub(crate) fn wake_one(&self) {
+        let _g = lock(&self.wait_lock);
+        self.released.notify_one();
     }
 
     /// Hot path: give a slot back and wake one waiter if anyone waits.
@@ -189,7 +265,7 @@ impl SizeClass {
     pub(crate) fn grow(&self, ctx: GrowCtx<'_>, only_if_empty: bool) -> Result<Grow, PoolError> {
         let l = self.layout;
         let mut regions = lock(&self.regions);
-        if only_if_empty && !self.free.is_empty() {
+        if only_if_empty && !(self.free.is_empty() && lock(&self.depot).is_empty()) {
             return Ok(Grow::Ready);
         }
         if regions.len() >= l.max_regions || !ctx.budget.try_reserve(l.region_bytes) {
@@ -245,6 +321,7 @@ impl SizeClass {
         fence(Ordering::SeqCst);
         let mut guard = lock(&self.wait_lock);
         loop {
+            self.drain_caches();
             if let Some(e) = self.try_take() {
                 return Ok(Some(e));
             }
@@ -299,19 +376,22 @@ impl SizeClass {
     }
 
     /// The free list's index of an entry: regions' slots numbered in a row.
-    fn index_of(&self, entry: Entry) -> u32 {
+    pub(crate) fn index_of(&self, entry: Entry) -> u32 {
         let (region, slot) = decode(entry);
         // < max_buffers < u32::MAX (validated).
         (region as usize * self.layout.slots_per_region + slot as usize) as u32
     }
 
-    fn entry_of(&self, idx: u32) -> Entry {
+    pub(crate) fn entry_of(&self, idx: u32) -> Entry {
         let per = self.layout.slots_per_region;
         encode((idx as usize / per) as u32, (idx as usize % per) as u32)
     }
 
     pub(crate) fn buffers_in_use(&self) -> usize {
-        self.in_use.load(Ordering::Relaxed)
+        let cached: i64 = lock(&self.caches).iter().map(|c| c.net_taken()).sum();
+        let total =
+            self.in_use.load(Ordering::Relaxed) as i64 + self.retired.load(Ordering::Acquire) + cached;
+        total.max(0) as usize
     }
 
     pub(crate) fn regions(&self) -> usize {

@@ -53,6 +53,7 @@
 #![warn(clippy::undocumented_unsafe_blocks, missing_docs)]
 
 mod buf;
+mod cache;
 mod class;
 mod config;
 #[cfg(feature = "counting-alloc")]

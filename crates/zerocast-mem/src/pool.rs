@@ -100,7 +100,7 @@ impl Pool {
     /// not be made (the pool is unchanged and stays usable).
     pub fn alloc(&self, size: usize, wait: Wait) -> Result<Buf, PoolError> {
         let idx = self.class_index(size)?;
-        let entry = match self.inner.classes[idx].try_take() {
+        let entry = match crate::cache::take(&self.inner, idx) {
             Some(e) => e,
             None => self.alloc_slow(idx, wait)?,
         };
@@ -114,7 +114,7 @@ impl Pool {
         let inner = &*self.inner;
         let class = &inner.classes[idx];
         while inner.grow(idx, true)? == Grow::Ready {
-            if let Some(e) = class.try_take() {
+            if let Some(e) = crate::cache::take(&self.inner, idx) {
                 return Ok(e);
             }
         }
@@ -146,6 +146,17 @@ impl Pool {
             .iter()
             .position(|c| c.layout.size >= size)
             .ok_or_else(|| PoolError::TooLarge { requested: size, max: self.max_buf_size() })
+    }
+
+    /// Set up the calling thread's buffer caches (one per size class) now.
+    ///
+    /// Each thread that allocates or releases buffers keeps a few free ones
+    /// of each class, so the hot path stays off the shared free lists. A
+    /// cache is created on the thread's first use of its class, which
+    /// allocates once; an I/O thread calls this when it starts, so that its
+    /// first message does not.
+    pub fn prepare_thread(&self) {
+        crate::cache::prepare(&self.inner);
     }
 
     /// The largest size [`alloc`](Self::alloc) serves: the largest class.

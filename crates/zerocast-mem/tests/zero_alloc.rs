@@ -32,6 +32,8 @@ fn steady_state_alloc_and_free_do_not_touch_the_heap() {
     for size in [100, 4000, 60_000] {
         pool.reserve(size, 4).unwrap();
     }
+    // This thread's buffer caches are made on first use.
+    pool.prepare_thread();
     let warm = pool.stats();
 
     let sizes = [100usize, 512, 3000, 8192, 60_000, 65_600];

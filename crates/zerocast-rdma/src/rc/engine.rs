@@ -292,11 +292,21 @@ impl Io {
 pub(crate) fn spawn(io: &Arc<Io>, driver: Driver, reposts: Reposts, max_batch: usize) -> std::io::Result<()> {
     let name = |n: &str| format!("zerocast-rc-{n}");
     let (i, d) = (io.clone(), driver.clone());
-    thread::Builder::new().name(name("poll")).spawn(move || poller(&i, &d))?;
+    // Each thread sets up its buffer caches before its first message.
+    thread::Builder::new().name(name("poll")).spawn(move || {
+        d.pool().prepare_thread();
+        poller(&i, &d)
+    })?;
     let (i, d) = (io.clone(), driver.clone());
-    thread::Builder::new().name(name("repost")).spawn(move || reposter(&i, &d, &reposts))?;
+    thread::Builder::new().name(name("repost")).spawn(move || {
+        d.pool().prepare_thread();
+        reposter(&i, &d, &reposts)
+    })?;
     let i = io.clone();
-    thread::Builder::new().name(name("tx")).spawn(move || sender(&i, &driver, max_batch))?;
+    thread::Builder::new().name(name("tx")).spawn(move || {
+        driver.pool().prepare_thread();
+        sender(&i, &driver, max_batch)
+    })?;
     Ok(())
 }
 

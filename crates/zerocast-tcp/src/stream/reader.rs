@@ -47,6 +47,7 @@ const POLL_SLICE: Duration = Duration::from_millis(100);
 
 /// The reader thread: reads whenever no application thread does.
 pub(super) fn run(sock: Arc<Socket>, driver: &Driver, frame_timeout: Duration) {
+    driver.pool().prepare_thread();
     if let Err(e) = sock.set_read_timeout(Some(frame_timeout)) {
         driver.fail(e.into());
         let _ = sock.shutdown(Shutdown::Both);

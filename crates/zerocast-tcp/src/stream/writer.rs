@@ -26,6 +26,7 @@ enum Piece {
 }
 
 pub(super) fn run(sock: Arc<Socket>, driver: &Driver) {
+    driver.pool().prepare_thread();
     // With heartbeats, a write the peer does not drain returns four times
     // per interval to run the heartbeat check.
     if let Err(e) = sock.set_write_timeout(driver.heartbeat().map(|hb| hb / 4)) {

@@ -2,8 +2,8 @@
 //! list.
 //!
 //! A thread that allocates or releases buffers of a class keeps up to
-//! [`CACHE`] free ones of its own, LIFO, and moves [`SPILL`] at a time to or
-//! from the shared list. The hot path then touches only the thread's own
+//! [`CACHE`] free ones of its own (fewer for big buffers, see [`capacity`]),
+//! LIFO, and moves half of them at a time to or from the class's depot. The hot path then touches only the thread's own
 //! cache (an uncontended lock on a line no other thread writes), instead of
 //! the shared list's head and counters, which every thread would otherwise
 //! bounce between cores for every message.
@@ -23,10 +23,16 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use crate::class::{Entry, SizeClass};
 use crate::pool::PoolInner;
 
-/// Free buffers a thread keeps per class.
+/// Most free buffers a thread keeps per class.
 pub(crate) const CACHE: usize = 64;
-/// Buffers moved between a cache and the shared list at once.
-pub(crate) const SPILL: usize = 32;
+/// Bytes a thread keeps per class, at most: big classes cache fewer buffers.
+const CACHE_BYTES: usize = 256 << 10;
+
+/// How many free buffers of `size` bytes a thread keeps (at least 4); half
+/// of them move to or from the depot at once.
+pub(crate) fn capacity(size: usize) -> usize {
+    (CACHE_BYTES / size.max(1)).clamp(4, CACHE)
+}
 /// Classes that can hold fewer buffers than this are not cached.
 pub(crate) const MIN_CACHED: usize = 1024;
 
@@ -128,8 +134,9 @@ fn with_cache<R>(
 /// from the shared list when empty.
 pub(crate) fn take(pool: &Arc<PoolInner>, idx: usize) -> Option<Entry> {
     let cached = with_cache(pool, idx, |st, class| {
-        if st.entries.is_empty() && class.depot_take(&mut st.entries, SPILL) == 0 {
-            while st.entries.len() < SPILL {
+        let half = capacity(class.layout.size) / 2;
+        if st.entries.is_empty() && class.depot_take(&mut st.entries, half) == 0 {
+            while st.entries.len() < half {
                 match class.pop_free() {
                     Some(i) => st.entries.push(i),
                     None => break,
@@ -151,10 +158,11 @@ pub(crate) fn take(pool: &Arc<PoolInner>, idx: usize) -> Option<Entry> {
 pub(crate) fn put(pool: &Arc<PoolInner>, idx: usize, entry: Entry) {
     let class = &pool.classes[idx];
     let cached = with_cache(pool, idx, |st, class| {
-        if st.entries.len() >= CACHE {
+        let cap = capacity(class.layout.size);
+        if st.entries.len() >= cap {
             // The oldest half goes; the warmest stay.
-            class.depot_put(&st.entries[..SPILL]);
-            st.entries.drain(..SPILL);
+            class.depot_put(&st.entries[..cap / 2]);
+            st.entries.drain(..cap / 2);
         }
         st.entries.push(class.index_of(entry));
         st.net_taken -= 1;
@@ -182,5 +190,104 @@ pub(crate) fn put(pool: &Arc<PoolInner>, idx: usize, entry: Entry) {
 pub(crate) fn prepare(pool: &Arc<PoolInner>) {
     for idx in 0..pool.classes.len() {
         with_cache(pool, idx, |_, _| ());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    use crate::{Buf, Pool, PoolConfig, Wait};
+
+    /// One class of 64-byte buffers, 1,024 of them: cached.
+    fn pool() -> Pool {
+        let cfg = PoolConfig::default()
+            .with_classes([64])
+            .with_region_size(64 << 10)
+            .with_max_bytes(64 << 10)
+            .with_prefault(false);
+        Pool::unregistered(cfg).unwrap()
+    }
+
+    /// A thread that drops what it is sent into its own cache, then waits.
+    fn keeper() -> (mpsc::Sender<Vec<Buf>>, mpsc::Sender<()>, thread::JoinHandle<()>) {
+        let (bufs_tx, bufs_rx) = mpsc::channel::<Vec<Buf>>();
+        let (quit_tx, quit_rx) = mpsc::channel::<()>();
+        let h = thread::spawn(move || {
+            drop(bufs_rx.recv().unwrap());
+            let _ = quit_rx.recv();
+        });
+        (bufs_tx, quit_tx, h)
+    }
+
+    #[test]
+    fn buffers_in_another_threads_cache_are_not_lost_at_the_cap() {
+        let p = pool();
+        let mut all: Vec<Buf> = (0..1024).map(|_| p.alloc(64, Wait::No).unwrap()).collect();
+        assert!(p.alloc(64, Wait::No).is_err(), "the cap holds 1,024");
+        let (bufs, quit, h) = keeper();
+        bufs.send(all.split_off(1014)).unwrap();
+        // The keeper has dropped ten: they sit in its cache, and it lives on.
+        let t0 = Instant::now();
+        while p.stats().buffers_in_use != 1014 {
+            assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", p.stats());
+            thread::yield_now();
+        }
+        // Without waiting, and with waiting: both find them.
+        let a = p.alloc(64, Wait::No).expect("a cached buffer is free");
+        let more: Vec<Buf> =
+            (0..9).map(|_| p.alloc(64, Wait::For(Duration::from_secs(5))).unwrap()).collect();
+        assert!(p.alloc(64, Wait::No).is_err());
+        // A waiter is served by a release on a thread with a cache.
+        let p2 = p.clone();
+        let waiter =
+            thread::spawn(move || p2.alloc(64, Wait::For(Duration::from_secs(10))).map(|b| b.addr()));
+        thread::sleep(Duration::from_millis(50));
+        let (bufs2, quit2, h2) = keeper();
+        bufs2.send(vec![a]).unwrap();
+        assert!(waiter.join().unwrap().is_ok());
+        drop((more, all));
+        for (q, h) in [(quit, h), (quit2, h2)] {
+            q.send(()).unwrap();
+            h.join().unwrap();
+        }
+        let s = p.stats();
+        assert_eq!((s.buffers_in_use, s.buffers_free), (0, 1024), "{s:?}");
+    }
+
+    #[test]
+    fn a_thread_that_exits_gives_its_cache_back() {
+        let p = pool();
+        let held: Vec<Buf> = (0..1000).map(|_| p.alloc(64, Wait::No).unwrap()).collect();
+        let p2 = p.clone();
+        thread::spawn(move || {
+            // Allocates (and caches) on its own, then exits.
+            let mine: Vec<Buf> = (0..24).map(|_| p2.alloc(64, Wait::No).unwrap()).collect();
+            drop(mine);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(p.stats().buffers_in_use, 1000);
+        let rest: Vec<Buf> = (0..24).map(|_| p.alloc(64, Wait::No).unwrap()).collect();
+        assert!(p.alloc(64, Wait::No).is_err());
+        drop((held, rest));
+        let s = p.stats();
+        assert_eq!((s.buffers_in_use, s.buffers_free, s.buffers_total), (0, 1024, 1024));
+    }
+
+    #[test]
+    fn the_most_recently_released_buffer_comes_back_first() {
+        let p = pool();
+        let a = p.alloc(64, Wait::No).unwrap();
+        let b = p.alloc(64, Wait::No).unwrap();
+        let (a_addr, b_addr) = (a.addr(), b.addr());
+        drop(a);
+        drop(b);
+        assert_eq!(p.alloc(64, Wait::No).unwrap().addr(), b_addr);
+        let x = p.alloc(64, Wait::No).unwrap();
+        assert_eq!(x.addr(), b_addr);
+        assert_eq!(p.alloc(64, Wait::No).unwrap().addr(), a_addr);
     }
 }

@@ -10,12 +10,13 @@ use std::sync::atomic::{fence, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Atomi
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
+use crossbeam_queue::ArrayQueue;
+
 use slab::Slab;
 
 use crate::cache::Shard;
 use crate::config::ClassLayout;
 use crate::error::PoolError;
-use crate::freelist::FreeList;
 use crate::region::Region;
 use crate::registrar::{Keys, Registrar};
 
@@ -111,9 +112,9 @@ pub(crate) enum Grow {
 #[derive(Debug)]
 pub(crate) struct SizeClass {
     pub(crate) layout: ClassLayout,
-    free: FreeList,
+    free: ArrayQueue<Entry>,
     /// Free buffers moved out of thread caches in batches of
-    /// [`crate::cache::SPILL`], and refilled into them the same way: one
+    /// half a cache, and refilled into them the same way: one
     /// lock per batch instead of one contended update per buffer.
     /// Preallocated for every buffer the class can hold.
     depot: Mutex<Vec<u32>>,
@@ -155,7 +156,7 @@ impl SizeClass {
             .collect();
         Self {
             layout,
-            free: FreeList::new(layout.max_buffers()),
+            free: ArrayQueue::new(layout.max_buffers()),
             depot: Mutex::new(if layout.max_buffers() >= crate::cache::MIN_CACHED {
                 Vec::with_capacity(layout.max_buffers())
             } else {
@@ -176,7 +177,10 @@ impl SizeClass {
 
     /// Hot path: take a free slot, if any. Lock-free, allocation-free.
     pub(crate) fn try_take(&self) -> Option<Entry> {
-        let e = self.entry_of(self.pop_free()?);
+        let e = match self.free.pop() {
+            Some(e) => e,
+            None => self.entry_of(lock(&self.depot).pop()?),
+        };
         self.in_use.fetch_add(1, Ordering::Relaxed);
         Some(e)
     }
@@ -184,7 +188,10 @@ impl SizeClass {
     /// Pop the shared free list (for a thread cache, which counts the
     /// buffer as taken itself).
     pub(crate) fn pop_free(&self) -> Option<u32> {
-        self.free.pop().or_else(|| lock(&self.depot).pop())
+        match self.free.pop() {
+            Some(e) => Some(self.index_of(e)),
+            None => lock(&self.depot).pop(),
+        }
     }
 
     /// Move a batch from a thread cache to the depot.
@@ -204,7 +211,9 @@ impl SizeClass {
 
     /// Push onto the shared free list (from a thread cache).
     pub(crate) fn push_free(&self, idx: u32) {
-        self.free.push(idx);
+        let pushed = self.free.push(self.entry_of(idx));
+        // The queue holds every slot the class can ever have, so it is never full.
+        debug_assert!(pushed.is_ok(), "free list overflow");
     }
 
     /// Keep `shard` so that waiters can empty it and stats can count it.
@@ -221,7 +230,7 @@ impl SizeClass {
     }
 
     /// Move every thread cache's buffers to the shared list.
-    fn drain_caches(&self) {
+    pub(crate) fn drain_caches(&self) {
         for c in lock(&self.caches).iter() {
             c.drain_into(self);
         }
@@ -236,7 +245,9 @@ impl SizeClass {
     /// Hot path: give a slot back and wake one waiter if anyone waits.
     /// Takes a lock only when somebody is waiting.
     pub(crate) fn put(&self, entry: Entry) {
-        self.free.push(self.index_of(entry));
+        let pushed = self.free.push(entry);
+        // The queue holds every slot the class can ever have, so it is never full.
+        debug_assert!(pushed.is_ok(), "free list overflow");
         self.in_use.fetch_sub(1, Ordering::Relaxed);
         // Pairs with the fence in `wait`: either we see the waiter's
         // increment, or the waiter's pop sees our push.
@@ -295,7 +306,8 @@ impl SizeClass {
         );
         // `key < max_regions` (checked above) and `slots_per_region` fit u32 (validated).
         for slot in 0..l.slots_per_region {
-            self.free.push(self.index_of(encode(key as u32, slot as u32)));
+            let pushed = self.free.push(encode(key as u32, slot as u32));
+            debug_assert!(pushed.is_ok(), "free list overflow");
         }
         drop(regions);
         self.wake_all();

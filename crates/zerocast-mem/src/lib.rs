@@ -16,12 +16,17 @@
 //!
 //! # Cost
 //!
-//! Once a class has its regions, `alloc` and dropping a `Buf` are lock-free
-//! and never touch the heap: a pop from, and a push onto, a preallocated
-//! `crossbeam_queue::ArrayQueue`, one atomic counter, and an `Arc` clone.
-//! Growth (map, prefault, register) happens under a per-class mutex; waiting
-//! at the cap uses a per-class mutex and condvar, which the release path
-//! locks only when somebody waits.
+//! Once a class has its regions, `alloc` and dropping a `Buf` never touch the
+//! heap and, in the common case, touch no memory another thread writes: each
+//! thread keeps a small LIFO cache of free buffers per class, and moves them
+//! to and from the class's depot (a LIFO stack under a mutex) a batch at a
+//! time. The buffer handed out is the one released most recently, still
+//! warm in the cache. Behind the depot, each class keeps every other free
+//! buffer in a preallocated, lock-free `crossbeam_queue::ArrayQueue`. Each `Buf` holds
+//! an `Arc` of the pool. Growth (map, prefault, register) happens under a
+//! per-class mutex; waiting at the cap uses a per-class mutex and condvar,
+//! and a waiter first empties every thread's cache of its class, so no free
+//! buffer hides from it. Classes of fewer than 1,024 buffers are not cached.
 //!
 //! # What it does not do
 //!
@@ -59,7 +64,6 @@ mod config;
 #[cfg(feature = "counting-alloc")]
 mod counting;
 mod error;
-mod freelist;
 mod pool;
 mod region;
 mod registrar;

@@ -119,6 +119,11 @@ impl Pool {
             }
         }
         let cap = inner.budget.cap;
+        // Free buffers may sit in other threads' caches.
+        class.drain_caches();
+        if let Some(e) = class.try_take() {
+            return Ok(e);
+        }
         let (deadline, start) = match wait {
             Wait::No => return Err(PoolError::Exhausted { cap }),
             Wait::For(d) => {

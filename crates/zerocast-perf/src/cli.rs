@@ -105,11 +105,16 @@ struct Opts {
     list_transports: bool,
 }
 
-/// What carries each scheme in this build: `ud://` is UDP (RDMA UD is not
-/// in the facade), `rc://` and `rc+oob://` need the `rdma` feature.
+/// What carries each scheme in this build: `rc://` and `rc+oob://` need the
+/// `rdma` feature; so does RDMA UD, which carries `ud://` on an RDMA
+/// device's address (elsewhere, and without the feature, it is UDP).
 fn transports() -> [(&'static str, &'static str); 5] {
-    let rdma = if cfg!(feature = "rdma") { "rdma" } else { "not built in (build with --features rdma)" };
-    [("tcp", "tcp"), ("mem", "in-process"), ("ud", "udp"), ("rc", rdma), ("rc+oob", rdma)]
+    let (rdma, ud) = if cfg!(feature = "rdma") {
+        ("rdma", "rdma UD on an RDMA device's address, udp elsewhere")
+    } else {
+        ("not built in (build with --features rdma)", "udp")
+    };
+    [("tcp", "tcp"), ("mem", "in-process"), ("ud", ud), ("rc", rdma), ("rc+oob", rdma)]
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {

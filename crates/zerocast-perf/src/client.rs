@@ -1,6 +1,6 @@
 //! The client role: ask the server for a test, run it, turn it into a row.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
@@ -151,8 +151,14 @@ impl Session {
             .next()
             .ok_or_else(|| anyhow!("{host} has no address"))?;
         let zc = context_for(spec);
-        let any = if to.is_ipv6() { "[::]" } else { "0.0.0.0" };
-        let sock = zc.bind_datagram(&format!("ud://{any}:0")).context("binding a datagram socket")?;
+        // Bind on the address that reaches the server, so that on an RDMA
+        // device ud:// is RDMA UD, as at the server (the wildcard is UDP).
+        let local = local_ip_towards(to).with_context(|| format!("finding the local address for {to}"))?;
+        let uri = match local {
+            IpAddr::V6(ip) => format!("ud://[{ip}]:0"),
+            IpAddr::V4(ip) => format!("ud://{ip}:0"),
+        };
+        let sock = zc.bind_datagram(&uri).with_context(|| format!("binding {uri}"))?;
         let until = Until::new(spec);
         let mut slices = Slices::new(spec.window, spec.duration_ms.is_none().then_some(spec.iters));
         let start = Instant::now();
@@ -210,4 +216,11 @@ impl Until {
 /// Whether `scheme` only works with the server in this process (`--loopback`).
 pub(crate) fn in_process_only(scheme: Scheme) -> bool {
     scheme == Scheme::Mem
+}
+
+/// The local address the kernel would send from to reach `to`.
+fn local_ip_towards(to: SocketAddr) -> std::io::Result<IpAddr> {
+    let probe = std::net::UdpSocket::bind(if to.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" })?;
+    probe.connect(to)?;
+    Ok(probe.local_addr()?.ip())
 }

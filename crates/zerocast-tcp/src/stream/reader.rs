@@ -87,7 +87,7 @@ fn readable(sock: &Socket, wait: Duration) -> bool {
 }
 
 /// [`readable`] for a receiving application thread: ask without sleeping
-/// for up to [`SPIN`] first. A reply that comes within that time is taken
+/// (yielding the core in between) for up to [`SPIN`] first. A reply that comes within that time is taken
 /// on the same core with no wake-up at all; a wake-up (on a virtual machine
 /// often an inter-processor interrupt and a halted vCPU brought back) costs
 /// more than the spin.
@@ -102,7 +102,9 @@ fn readable_soon(sock: &Socket, wait: Duration) -> bool {
         if spent >= spin {
             return wait > spent && readable(sock, wait - spent);
         }
-        std::hint::spin_loop();
+        // Stay runnable, but let a thread on this core that would send
+        // (the peer, in the same process, say) go first.
+        thread::yield_now();
     }
 }
 

@@ -10,6 +10,7 @@
 
 pub mod checksum;
 pub mod datagram_suite;
+pub mod direct_io;
 pub mod failure;
 pub mod suite;
 

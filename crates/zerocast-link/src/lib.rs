@@ -29,6 +29,7 @@ mod conn;
 mod driver;
 mod link;
 mod recv;
+mod repost;
 mod shared;
 mod source;
 mod wire;
@@ -37,7 +38,8 @@ pub use conn::{Connection, Flavor};
 pub use driver::{Driver, Frame};
 pub use link::{Link, LinkStats};
 pub use recv::{RecvBuf, ReleaseToken};
-pub use source::{Pumped, Source};
+pub use repost::{Repost, Reposted};
+pub use source::{Pumped, Source, StepAside};
 pub use wire::{Wire, WireCtx};
 
 use std::sync::Arc;

@@ -231,13 +231,22 @@ impl Link {
         }
     }
 
-    /// Receive a message if one is buffered.
+    /// Receive a message if one has arrived, without waiting. With nothing
+    /// delivered yet, this thread reads the backend's source once itself
+    /// (see [`crate::Source`]): a loop of `try_recv` busy-polls the socket
+    /// or CQ on the calling thread.
     pub fn try_recv(&self) -> Result<RecvBuf, RecvError> {
         match self.shared.delivered_rx.try_recv() {
-            Ok(d) => self.deliver(d),
-            Err(TryRecvError::Empty) => Err(RecvError::Empty),
-            Err(TryRecvError::Disconnected) => Err(RecvError::Disconnected),
+            Ok(d) => return self.deliver(d),
+            Err(TryRecvError::Disconnected) => return Err(RecvError::Disconnected),
+            Err(TryRecvError::Empty) => {}
         }
+        if self.shared.source.0.get().is_some() && self.reader.pump_as(None, false).is_some() {
+            if let Ok(d) = self.shared.delivered_rx.try_recv() {
+                return self.deliver(d);
+            }
+        }
+        Err(RecvError::Empty)
     }
 
     fn deliver(&self, d: Delivery) -> Result<RecvBuf, RecvError> {

@@ -97,17 +97,8 @@ impl AsRef<[u8]> for RecvBuf {
 
 impl Drop for RecvBuf {
     fn drop(&mut self) {
-        let Some(buf) = self.buf.take() else { return };
-        match &self.shared.reposts {
-            // The backend reposts it and then returns the credit.
-            Some(tx) => {
-                // If the backend is gone, the buffer simply returns to the pool.
-                let _ = tx.try_send(Some(buf));
-            }
-            None => {
-                drop(buf);
-                self.shared.release_one();
-            }
+        if let Some(buf) = self.buf.take() {
+            self.shared.give_back(buf);
         }
     }
 }

@@ -1,15 +1,16 @@
 //! State shared by the application handles and the backend's threads.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 use zerocast_core::{ConnError, Credits, Endpoint};
 use zerocast_mem::{Buf, Pool};
 
-use crate::source::SourceCell;
-use crate::wire::WireCell;
+use crate::repost::{Repost, Reposted};
+use crate::source::SourceLock;
+use crate::wire::WireLock;
 use crate::LinkSetup;
 
 /// A work item for the backend's writer.
@@ -83,13 +84,17 @@ pub(crate) struct Shared {
     /// The connection's heartbeat interval, if heartbeats are on.
     pub(crate) heartbeat: Option<Duration>,
     /// The backend's write path, when sending threads may drive it.
-    pub(crate) wire: WireCell,
+    pub(crate) wire: Hook<WireLock>,
     /// The backend's read path, when receiving threads may drive it.
-    pub(crate) source: SourceCell,
+    pub(crate) source: Hook<SourceLock>,
+    /// The backend's repost path, when releasing threads may drive it.
+    pub(crate) reposter: Hook<Box<dyn Repost>>,
     /// Application threads reading the source now.
     pub(crate) app_readers: AtomicUsize,
     /// The backend's reader thread is pumping the source now.
     pub(crate) bg_pumping: AtomicBool,
+    /// Pumps by application threads so far (see [`crate::StepAside`]).
+    pub(crate) app_pumps: AtomicU64,
 }
 
 impl Shared {
@@ -140,10 +145,12 @@ impl Shared {
             max_batch: setup.config.max_batch,
             max_payload: setup.config.max_payload,
             heartbeat,
-            wire: WireCell::default(),
-            source: SourceCell::default(),
+            wire: Hook::default(),
+            source: Hook::default(),
+            reposter: Hook::default(),
             app_readers: AtomicUsize::new(0),
             bg_pumping: AtomicBool::new(false),
+            app_pumps: AtomicU64::new(0),
         };
         (shared, rx, reposts_rx)
     }
@@ -178,6 +185,28 @@ impl Shared {
         }
     }
 
+    /// A received buffer was released: repost it (a reposting backend) or
+    /// return it to the pool, and return its credit.
+    pub(crate) fn give_back(&self, buf: Buf) {
+        let Some(tx) = &self.reposts else {
+            drop(buf);
+            self.release_one();
+            return;
+        };
+        let buf = match self.reposter.0.get() {
+            None => buf,
+            Some(hook) => match hook.repost(buf) {
+                Reposted::Later(buf) => buf,
+                Reposted::Posted => return self.release_one(),
+                Reposted::Closing => return,
+                Reposted::Failed(e) => return self.fail(&mut self.lock(), e),
+            },
+        };
+        // The backend's reposting thread posts it and returns the credit.
+        // If the backend is gone, the buffer simply returns to the pool.
+        let _ = tx.try_send(Some(buf));
+    }
+
     /// One received buffer was released (or reposted): return its credit.
     pub(crate) fn release_one(&self) {
         let mut st = self.lock();
@@ -203,5 +232,20 @@ impl Shared {
         }
         self.credit_cv.notify_all();
         self.wake_writer(st);
+    }
+}
+
+/// A backend hook, installed at most once.
+pub(crate) struct Hook<T>(pub(crate) OnceLock<T>);
+
+impl<T> Default for Hook<T> {
+    fn default() -> Self {
+        Self(OnceLock::new())
+    }
+}
+
+impl<T> std::fmt::Debug for Hook<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() { "Hook(installed)" } else { "Hook(none)" })
     }
 }

@@ -11,8 +11,8 @@
 //! arrive), and steps aside while one is ([`Driver::app_reading`]).
 
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, OnceLock, TryLockError};
-use std::time::Instant;
+use std::sync::{Mutex, TryLockError};
+use std::time::{Duration, Instant};
 
 use crate::Driver;
 
@@ -40,16 +40,6 @@ pub trait Source: Send {
 
 pub(crate) type SourceLock = Mutex<Box<dyn Source>>;
 
-/// Where a link keeps its source once the backend installs it.
-#[derive(Default)]
-pub(crate) struct SourceCell(pub(crate) OnceLock<SourceLock>);
-
-impl std::fmt::Debug for SourceCell {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.get().is_some() { "SourceCell(installed)" } else { "SourceCell(none)" })
-    }
-}
-
 impl Driver {
     /// Let receiving threads read through `source` (see the module docs).
     /// The backend's reader thread then reads through [`Driver::try_pump`].
@@ -73,6 +63,8 @@ impl Driver {
         // finds the lock taken by this thread also finds the flag up.
         if background {
             self.shared.bg_pumping.store(true, Ordering::SeqCst);
+        } else {
+            self.shared.app_pumps.fetch_add(1, Ordering::Relaxed);
         }
         let r = match src.try_lock() {
             Ok(mut s) => Some(s.pump(self, until)),
@@ -89,6 +81,73 @@ impl Driver {
     /// backend's reader thread should stay out of its way.
     pub fn app_reading(&self) -> bool {
         self.shared.app_readers.load(Ordering::Acquire) > 0
+    }
+
+    /// Whether the backend's reader thread is pumping while an application
+    /// thread waits to read: a [`Source::pump`] that is waiting for data
+    /// (spinning on a completion queue, say) should return
+    /// [`Pumped::Idle`] now and let the application thread read.
+    pub fn app_waiting(&self) -> bool {
+        self.shared.bg_pumping.load(Ordering::Acquire) && self.app_reading()
+    }
+}
+
+/// How a backend's reader thread stays out of the way of application
+/// threads that read: while one is in [`crate::Link::recv`], or busy-polls
+/// with `try_recv` (it pumped the source at least [`StepAside::POLLING`]
+/// times in the last millisecond or more), the reader thread naps, 1 ms at
+/// first and twice as long each time after, up to 16 ms, so it is back
+/// within 16 ms once the application stops. An application that calls
+/// `try_recv` only now and then does not count: the reader thread keeps
+/// taking credits and messages off the wire for it.
+#[derive(Debug)]
+pub struct StepAside {
+    nap: Duration,
+    window_start: Instant,
+    window_pumps: u64,
+    polling: bool,
+}
+
+impl StepAside {
+    const FIRST: Duration = Duration::from_millis(1);
+    const MAX: Duration = Duration::from_millis(16);
+    const WINDOW: Duration = Duration::from_millis(1);
+    /// Application pumps per window that mean a `try_recv` loop.
+    pub const POLLING: u64 = 16;
+
+    /// Manners for one reader thread.
+    pub fn new() -> Self {
+        Self { nap: Self::FIRST, window_start: Instant::now(), window_pumps: 0, polling: false }
+    }
+
+    /// If an application thread reads, nap and return `true`; else return
+    /// `false` at once: the reader thread may pump.
+    pub fn nap_if_app_reads(&mut self, driver: &Driver) -> bool {
+        let now = Instant::now();
+        if now.duration_since(self.window_start) >= Self::WINDOW {
+            let pumps = driver.shared.app_pumps.load(Ordering::Relaxed);
+            self.polling = pumps.wrapping_sub(self.window_pumps) >= Self::POLLING;
+            self.window_start = now;
+            self.window_pumps = pumps;
+        }
+        if !(self.polling || driver.app_reading()) {
+            self.nap = Self::FIRST;
+            return false;
+        }
+        std::thread::sleep(self.nap);
+        self.nap = (self.nap * 2).min(Self::MAX);
+        true
+    }
+
+    /// Nap briefly: the source was busy.
+    pub fn nap(&self) {
+        std::thread::sleep(Self::FIRST);
+    }
+}
+
+impl Default for StepAside {
+    fn default() -> Self {
+        Self::new()
     }
 }
 

@@ -14,7 +14,7 @@
 //! and a sending thread writes only when no earlier data frame is queued, so
 //! frames reach the wire in the order they were stamped.
 
-use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 
 use zerocast_core::{ConnError, FrameKind, Reservation};
@@ -36,10 +36,13 @@ pub(crate) const DIRECT_LARGE: usize = 16 * 1024;
 /// A backend's write path, driven by its writer thread and by sending threads.
 pub trait Wire: Send {
     /// Write `frames`, in order, now, on the calling thread. Called with the
-    /// wire's lock held, so no other frame is written meanwhile. An error
+    /// wire's lock held, so no other frame is written meanwhile. A wire
+    /// whose device still reads a payload after `write` returns (RDMA) takes
+    /// it out of its frame and keeps it until the device is done; payloads
+    /// left in the frames go back to the pool once `write` returns. An error
     /// fails the connection; the wire should then stop its reader too (shut
     /// the socket down, say).
-    fn write(&mut self, frames: &[Frame], ctx: &WireCtx<'_>) -> Result<(), ConnError>;
+    fn write(&mut self, frames: &mut [Frame], ctx: &WireCtx<'_>) -> Result<(), ConnError>;
 }
 
 /// What a [`Wire`] may ask of its connection while it writes.
@@ -68,16 +71,6 @@ impl WireCtx<'_> {
 
 pub(crate) type WireLock = Mutex<Box<dyn Wire>>;
 
-/// Where a link keeps its wire once the writer installs it.
-#[derive(Default)]
-pub(crate) struct WireCell(pub(crate) OnceLock<WireLock>);
-
-impl std::fmt::Debug for WireCell {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.get().is_some() { "WireCell(installed)" } else { "WireCell(none)" })
-    }
-}
-
 fn lock_wire(w: &WireLock) -> MutexGuard<'_, Box<dyn Wire>> {
     w.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -103,7 +96,7 @@ impl Driver {
                 Fill::Empty => continue,
                 Fill::Stop => return,
             }
-            let res = w.write(&batch, &WireCtx { shared });
+            let res = w.write(&mut batch, &WireCtx { shared });
             drop(w);
             // Written: the payloads go back to the pool.
             batch.clear();
@@ -168,9 +161,9 @@ impl Shared {
             }
         }
         drop(st);
-        let frame =
+        let mut frame =
             Frame { header: stamp.header(FrameKind::Data, buf.len() as u64), payload: Some(buf), tag: 0 };
-        let res = w.write(std::slice::from_ref(&frame), &WireCtx { shared: self });
+        let res = w.write(std::slice::from_mut(&mut frame), &WireCtx { shared: self });
         drop(w);
         drop(frame);
         if let Err(e) = res {

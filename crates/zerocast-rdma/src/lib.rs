@@ -18,8 +18,11 @@
 //!   table per queue keyed by `wr_id`, selective signalling (every 16th send
 //!   and the last of a batch), inline sends for small frames, credits equal
 //!   to posted receives (so RNR cannot happen), typed work-completion errors
-//!   ([`RcError`]), and a completion thread that busy-polls or sleeps on a
-//!   completion channel ([`CompletionMode`]).
+//!   ([`RcError`]), and caller-driven I/O: a sending thread posts its own
+//!   work request when the link is quiet, a receiving thread polls the CQ
+//!   itself (busy, or briefly and then asleep on a completion channel:
+//!   [`CompletionMode`]), and a released message's buffer is posted again
+//!   by the thread that drops it; background threads cover the rest.
 //!
 //! - **one-sided** ([`OneSided`] on [`RcConnection`]): `expose` a pool
 //!   buffer as a [`RemoteRegion`] (serde, so it travels in a typed message),

@@ -31,7 +31,8 @@ pub(crate) struct CompletionQueue {
     _ctx: Arc<Context>,
 }
 
-// SAFETY: CQ verbs are thread-safe; polling happens on one thread (the poller).
+// SAFETY: CQ verbs are thread-safe; a connection's CQ is polled, armed and
+// waited on by one thread at a time (whichever holds its completion source).
 unsafe impl Send for CompletionQueue {}
 // SAFETY: as above.
 unsafe impl Sync for CompletionQueue {}
@@ -112,6 +113,16 @@ impl CompletionQueue {
         // SAFETY: `cq` is this CQ (the only one on the channel); ack the one event.
         unsafe { ibv_ack_cq_events(cq, 1) };
         Ok(true)
+    }
+
+    /// Whether a completion event is waiting on the channel, waiting up to
+    /// `ms` for one, without taking it (that is [`Self::wait`]'s job).
+    /// Without a channel: `false` at once.
+    pub(crate) fn readable(&self, ms: c_int) -> io::Result<bool> {
+        let Some(ch) = self.channel else { return Ok(false) };
+        // SAFETY: live channel.
+        let fd = unsafe { (*ch.as_ptr()).fd };
+        poll_readable(fd, ms)
     }
 
     pub(crate) fn has_channel(&self) -> bool {

@@ -1,26 +1,32 @@
 //! The data path of an RC connection: posted buffers, the poller, the
 //! sender and the reposter, driving a [`zerocast_link::Driver`].
 //!
+//! Application threads drive it too: a send posts its own work request
+//! when the link allows (the send queue is a [`zerocast_link::Wire`], see
+//! `send`), a receive polls the CQ itself (a [`zerocast_link::Source`], see
+//! `poll`), and dropping a received message posts its buffer again at once
+//! ([`zerocast_link::Repost`]). The threads cover whatever no application
+//! thread is doing.
+//!
 //! Ownership: every posted buffer sits in an in-flight table keyed by its
 //! `wr_id` slot until its completion is polled. Every send and receive is a
 //! two-entry scatter list: a 16-byte header slot from a registered slab,
 //! then the pool buffer, so a received payload starts at offset 0 of its
 //! buffer and is handed to the application without a copy.
 
-use std::mem::MaybeUninit;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rdma_sys::{ibv_recv_wr, ibv_sge, ibv_wc, ibv_wc_flags, ibv_wc_opcode, ibv_wc_status};
-use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
-use zerocast_link::{Driver, Reposts};
+use rdma_sys::{ibv_recv_wr, ibv_sge};
+use zerocast_core::{ConnError, HEADER_LEN};
+use zerocast_link::{Driver, Repost, Reposted, Reposts};
 use zerocast_mem::{Buf, Pool, Wait};
 
-use crate::rc::one_sided::{self, ONE_SIDED_BIT};
-use crate::rc::rendezvous::{self, Arrival, Descriptor, Rendezvous, FINISH_WR_ID, READ_WR_ID};
+use crate::rc::one_sided;
+use crate::rc::rendezvous::{self, Rendezvous};
 use crate::rc::srq;
 use crate::rc::write_imm::ImmOps;
 use crate::rc::RcError;
@@ -39,6 +45,8 @@ struct RecvTable {
     closing: bool,
 }
 
+mod completion;
+mod poll;
 mod send;
 
 use send::{sender, SendTable};
@@ -288,14 +296,18 @@ impl Io {
     }
 }
 
-/// Start the threads of an established connection.
-pub(crate) fn spawn(io: &Arc<Io>, driver: Driver, reposts: Reposts, max_batch: usize) -> std::io::Result<()> {
+/// Start the threads of an established connection, and let application
+/// threads post sends, poll the CQ and repost receives themselves (see
+/// ARCHITECTURE.md, "caller-driven I/O").
+pub(crate) fn spawn(io: &Arc<Io>, driver: Driver, reposts: Reposts) -> std::io::Result<()> {
     let name = |n: &str| format!("zerocast-rc-{n}");
+    driver.install_source(Box::new(poll::RcSource::new(io.clone())));
+    driver.install_reposter(Box::new(Reposter(io.clone())));
     let (i, d) = (io.clone(), driver.clone());
     // Each thread sets up its buffer caches before its first message.
     thread::Builder::new().name(name("poll")).spawn(move || {
         d.pool().prepare_thread();
-        poller(&i, &d)
+        poll::poller(&i, &d)
     })?;
     let (i, d) = (io.clone(), driver.clone());
     thread::Builder::new().name(name("repost")).spawn(move || {
@@ -305,11 +317,38 @@ pub(crate) fn spawn(io: &Arc<Io>, driver: Driver, reposts: Reposts, max_batch: u
     let i = io.clone();
     thread::Builder::new().name(name("tx")).spawn(move || {
         driver.pool().prepare_thread();
-        sender(&i, &driver, max_batch)
+        sender(&i, &driver)
     })?;
     Ok(())
 }
 
+/// Reposts a released receive buffer on the thread that released it, when
+/// it is a receive buffer (a rendezvous message's buffer, of another size,
+/// goes to the reposting thread, which may wait for a fresh one).
+struct Reposter(Arc<Io>);
+
+impl Repost for Reposter {
+    fn repost(&self, buf: Buf) -> Reposted {
+        let io = &*self.0;
+        if buf.capacity() != io.buf_size || io.ignore_credits {
+            return Reposted::Later(buf);
+        }
+        let mut t = lock(&io.recv);
+        if t.closing {
+            return Reposted::Closing;
+        }
+        match io.post_recv_locked(&mut t, buf) {
+            Ok(()) => Reposted::Posted,
+            Err(e) => {
+                drop(t);
+                io.close();
+                Reposted::Failed(ConnError::transport(e))
+            }
+        }
+    }
+}
+
+/// Reposts what releasing threads hand on (see [`Reposter`]).
 fn reposter(io: &Io, driver: &Driver, reposts: &Reposts) {
     loop {
         match reposts.recv_timeout(Duration::from_millis(50)) {
@@ -327,226 +366,4 @@ fn reposter(io: &Io, driver: &Driver, reposts: &Reposts) {
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
         }
     }
-}
-
-fn poller(io: &Io, driver: &Driver) {
-    poll_until_drained(io, driver);
-    // The QP is in the error state and flushed: no READ can reach a
-    // buffer held for rendezvous any more.
-    io.rendezvous.clear();
-}
-
-fn poll_until_drained(io: &Io, driver: &Driver) {
-    let mut wcs: [MaybeUninit<ibv_wc>; POLL_BATCH] = std::array::from_fn(|_| MaybeUninit::uninit());
-    let mut idle_since: Option<Instant> = None;
-    let mut armed = false;
-    loop {
-        let n = match io.cq.poll(&mut wcs) {
-            Ok(n) => n,
-            Err(e) => {
-                driver.fail(ConnError::transport(RcError::verbs("ibv_poll_cq", e)));
-                io.close();
-                0
-            }
-        };
-        for wc in &wcs[..n] {
-            // SAFETY: `ibv_poll_cq` initialised the first `n` entries.
-            let wc = unsafe { wc.assume_init_ref() };
-            on_completion(io, driver, wc);
-        }
-        if n > 0 {
-            idle_since = None;
-            armed = false;
-            continue;
-        }
-        if io.drained() {
-            break;
-        }
-        let idle = *idle_since.get_or_insert_with(Instant::now);
-        if io.is_closing() && idle.elapsed() > Duration::from_secs(10) {
-            tracing::warn!(
-                recv_posted = lock(&io.recv).posted,
-                send_outstanding = lock(&io.send).outstanding(),
-                "RC connection: flush completions missing after close; giving up on them"
-            );
-            io.one_sided.abandon();
-            break;
-        }
-        if io.busy_poll || !io.cq.has_channel() {
-            if idle.elapsed() > Duration::from_micros(200) {
-                thread::sleep(Duration::from_micros(50));
-            } else {
-                std::hint::spin_loop();
-            }
-            continue;
-        }
-        if idle.elapsed() < Duration::from_micros(50) {
-            std::hint::spin_loop();
-            continue;
-        }
-        if !armed {
-            if let Err(e) = io.cq.arm() {
-                tracing::debug!(error = %e, "ibv_req_notify_cq failed");
-            }
-            armed = true;
-            // Poll once more: a completion may have landed before arming.
-            continue;
-        }
-        match io.cq.wait(20) {
-            Ok(true) => armed = false,
-            Ok(false) => {}
-            Err(e) => tracing::debug!(error = %e, "waiting for a completion event failed"),
-        }
-    }
-}
-
-fn on_completion(io: &Io, driver: &Driver, wc: &ibv_wc) {
-    if wc.wr_id & RECV_BIT != 0 {
-        let slot = (wc.wr_id & !RECV_BIT) as usize;
-        if let Some(m) = &io.srq {
-            // The slot is in the listener's shared table.
-            let Some((buf, raw)) = m.shared().take(slot) else {
-                tracing::warn!(slot, "receive completion for an empty shared slot");
-                return;
-            };
-            if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
-                drop(buf);
-                on_error(io, driver, wc.status, wc.vendor_err);
-            } else if let Err(e) = on_receive(io, driver, &raw, wc.byte_len as usize, buf) {
-                driver.fail(e);
-                io.close();
-            }
-            return;
-        }
-        // Read the header before the slot is freed: once free, the reposter
-        // may post a new receive into it, and the device may overwrite it.
-        let (buf, raw) = {
-            let mut t = lock(&io.recv);
-            let buf = t.slots.get_mut(slot).and_then(Option::take);
-            let raw = io.recv_hdr.read(slot.min(t.slots.len().saturating_sub(1)));
-            if buf.is_some() {
-                t.posted -= 1;
-                t.free.push(slot as u32);
-            }
-            (buf, raw)
-        };
-        let Some(buf) = buf else {
-            tracing::warn!(slot, "receive completion for an empty slot");
-            return;
-        };
-        if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
-            drop(buf);
-            on_error(io, driver, wc.status, wc.vendor_err);
-            return;
-        }
-        let done = if wc.opcode == ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM {
-            on_write_imm(io, driver, wc, buf)
-        } else {
-            on_receive(io, driver, &raw, wc.byte_len as usize, buf)
-        };
-        if let Err(e) = done {
-            driver.fail(e);
-            io.close();
-        }
-    } else if wc.wr_id & ONE_SIDED_BIT != 0 {
-        io.one_sided.complete(wc.wr_id, wc.status, wc.vendor_err);
-        if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
-            on_error(io, driver, wc.status, wc.vendor_err);
-        }
-    } else if wc.wr_id == READ_WR_ID {
-        if let Err(e) = rendezvous::on_read_done(io, driver, wc.status, wc.vendor_err) {
-            if wc.status == ibv_wc_status::IBV_WC_SUCCESS {
-                driver.fail(e);
-                io.close();
-            } else {
-                on_error(io, driver, wc.status, wc.vendor_err);
-            }
-        }
-    } else if wc.wr_id == FINISH_WR_ID {
-        if rendezvous::on_finish_sent(io, wc.status, wc.vendor_err).is_err() {
-            on_error(io, driver, wc.status, wc.vendor_err);
-        }
-    } else {
-        lock(&io.send).complete_through(wc.wr_id);
-        io.send_cv.notify_all();
-        if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
-            on_error(io, driver, wc.status, wc.vendor_err);
-        }
-    }
-}
-
-/// The peer's RDMA WRITE with immediate consumed this receive: its bytes
-/// are in our memory; the application gets an empty message carrying the
-/// immediate, in order.
-fn on_write_imm(io: &Io, driver: &Driver, wc: &ibv_wc, mut buf: Buf) -> Result<(), ConnError> {
-    if wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 == 0 {
-        return Err(ConnError::transport(RcError::BadFrame("write with immediate without immediate".into())));
-    }
-    // SAFETY: `IBV_WC_WITH_IMM` is set, so the union holds the immediate.
-    let imm = u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data });
-    buf.try_set_len(0).map_err(ConnError::transport)?;
-    rendezvous::arrive(io, driver, Arrival::Immediate(imm, buf))
-}
-
-fn on_receive(
-    io: &Io,
-    driver: &Driver,
-    raw: &[u8; HEADER_LEN],
-    byte_len: usize,
-    mut buf: Buf,
-) -> Result<(), ConnError> {
-    let header = Header::decode(&raw[..byte_len.min(HEADER_LEN)], driver.max_payload())?;
-    if byte_len < HEADER_LEN || header.len != (byte_len - HEADER_LEN) as u64 {
-        let msg = format!("{byte_len} bytes received for a frame of {} payload bytes", header.len);
-        return Err(ConnError::transport(RcError::BadFrame(msg)));
-    }
-    let repost_now = |buf: Buf| -> Result<(), ConnError> {
-        let mut t = lock(&io.recv);
-        if !t.closing {
-            io.post_recv_locked(&mut t, buf).map_err(ConnError::transport)?;
-        }
-        Ok(())
-    };
-    match header.kind {
-        FrameKind::Data => {
-            buf.try_set_len(header.len as usize).map_err(ConnError::transport)?;
-            rendezvous::arrive(io, driver, Arrival::Frame(header, Some(buf)))
-        }
-        FrameKind::Rendezvous if header.len == 0 => {
-            // A finish: outside the credit window, its receive is one of
-            // those kept for finishes and goes back at once.
-            repost_now(buf)?;
-            io.rendezvous.on_finish().map_err(ConnError::transport)
-        }
-        FrameKind::Rendezvous => {
-            buf.try_set_len(header.len as usize).map_err(ConnError::transport)?;
-            let d = Descriptor::decode(&buf, driver.max_payload()).map_err(ConnError::transport)?;
-            // The message will arrive in a buffer of its own; this one goes
-            // back to the pool, and its release reposts a fresh one.
-            drop(buf);
-            rendezvous::arrive(io, driver, Arrival::Request(header, d))
-        }
-        FrameKind::Credit | FrameKind::Control => {
-            // The buffer carried nothing: post it again at once (the core
-            // counts the credit as owed already).
-            repost_now(buf)?;
-            rendezvous::arrive(io, driver, Arrival::Frame(header, None))
-        }
-    }
-}
-
-fn on_error(io: &Io, driver: &Driver, status: u32, vendor_err: u32) {
-    if driver.is_finished() {
-        // Flushes after both goodbyes: the normal end.
-        return;
-    }
-    let err = if status == ibv_wc_status::IBV_WC_WR_FLUSH_ERR && io.peer_disconnected.load(Ordering::Acquire)
-    {
-        RcError::PeerDisconnected
-    } else {
-        RcError::from_wc_status(status, vendor_err)
-    };
-    tracing::debug!(error = %err, "RC work completion failed");
-    driver.fail(ConnError::transport(err));
-    io.close();
 }

@@ -64,11 +64,13 @@ impl Flavor for Rc {
 /// An `rc://` or `rc+oob://` connection.
 pub type RcConnection = zerocast_link::Connection<Rc>;
 
-/// How the completion thread waits for work completions.
+/// How completions are waited for, by a receiving thread and by the
+/// connection's poller thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CompletionMode {
-    /// Spin on the CQ (lowest latency, one busy core per connection).
+    /// Spin on the CQ (lowest latency: a receiving thread spins, and the
+    /// poller thread spins while none does).
     BusyPoll,
     /// Spin briefly, then sleep on a completion channel (`ibv_get_cq_event`).
     Channel,
@@ -492,7 +494,7 @@ impl RcTransport {
                 .spawn(move || cm_path::watch(&id, &i, &d))
                 .map_err(|e| ConnectError::Io { endpoint: peer.to_string(), source: e })?;
         }
-        engine::spawn(&io, driver, reposts, link.max_batch)
+        engine::spawn(&io, driver, reposts)
             .map_err(|e| ConnectError::Io { endpoint: peer.to_string(), source: e })?;
         tracing::debug!(%peer, window = link.recv_window, peer_window = peer_hello.window, "rc connection up");
         Ok(RcConnection::new(link_half, Resources(io)))

@@ -4,9 +4,8 @@
 //! Each operation is one signalled work request on the connection's QP,
 //! with `wr_id = ONE_SIDED_BIT | slot`. The caller blocks while the request
 //! is in flight and holds the local buffer meanwhile, so the buffer cannot
-//! be dropped or reused before the completion thread has polled the
-//! request's completion (or, if that thread gave up on a dead QP, stopped
-//! polling). At most [`ONE_SIDED_SLOTS`] operations are
+//! be dropped or reused before the CQ has yielded the
+//! request's completion (or the poller gave up on a dead QP). At most [`ONE_SIDED_SLOTS`] operations are
 //! in flight per connection: the slots are the semaphore, and the send
 //! queue and CQ are sized with that many extra entries, so a one-sided
 //! request can neither overflow the send queue nor overrun the CQ.
@@ -55,7 +54,7 @@ enum SlotState {
     /// Posted, waiting for its completion.
     Posted,
     /// Completed with this `ibv_wc_status` and vendor error (or, for
-    /// `None`, abandoned by a completion thread that stopped polling).
+    /// `None`, abandoned once the CQ is no longer polled).
     Done(Option<(u32, u32)>),
 }
 
@@ -79,7 +78,7 @@ impl Table {
         lock(&self.slots).iter().filter(|s| matches!(s, SlotState::Posted)).count()
     }
 
-    /// The completion thread polled request `wr_id`.
+    /// Request `wr_id` was polled off the CQ.
     pub(crate) fn complete(&self, wr_id: u64, status: u32, vendor_err: u32) {
         let i = (wr_id & !ONE_SIDED_BIT) as usize;
         let mut t = lock(&self.slots);
@@ -91,7 +90,7 @@ impl Table {
         self.cv.notify_all();
     }
 
-    /// The completion thread stops polling (the QP is in the error state and
+    /// The CQ is no longer polled (the QP is in the error state and
     /// its flushes never came): wake every waiter.
     pub(crate) fn abandon(&self) {
         let mut t = lock(&self.slots);
@@ -239,7 +238,7 @@ fn run(io: &Io, op: Op, local: Buf, remote: RemoteRegion) -> Result<Buf, (Buf, R
         table.cv.notify_all();
         return Err((local, RcError::verbs("ibv_post_send (one-sided)", e)));
     }
-    // Wait for the completion thread to route the completion here. The QP
+    // Wait for the thread polling the CQ to route the completion here. The QP
     // always completes or flushes a posted request, and the completion
     // thread keeps polling while one is outstanding.
     let status = loop {

@@ -57,7 +57,7 @@ const MAX_FINISHES: usize = 2 * MAX_PENDING;
 pub(crate) const SQ_EXTRA: usize = 1 + MAX_FINISHES;
 /// Length of a [`Descriptor`] on the wire.
 pub(crate) const DESC_LEN: usize = 16;
-/// How long the completion thread waits for a pool buffer to read into.
+/// How long the thread polling the CQ waits for a pool buffer to read into.
 const ALLOC_WAIT: Duration = Duration::from_secs(5);
 
 /// Where a rendezvous payload waits to be read.

@@ -15,7 +15,7 @@ use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::net::{recv, RecvFlags};
 use socket2::Socket;
 use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
-use zerocast_link::{Driver, Pumped, Source};
+use zerocast_link::{Driver, Pumped, Source, StepAside};
 use zerocast_mem::{Buf, Wait};
 
 /// Staging for headers and small frames.
@@ -35,10 +35,6 @@ enum Stop {
     Failed(ConnError),
 }
 
-/// How long the reader thread first sleeps while an application thread
-/// reads; it doubles up to [`STEP_ASIDE_MAX`] while that goes on.
-const STEP_ASIDE: Duration = Duration::from_millis(1);
-const STEP_ASIDE_MAX: Duration = Duration::from_millis(16);
 /// How long a receiving application thread polls the socket before it
 /// sleeps on it.
 const SPIN: Duration = Duration::from_micros(20);
@@ -54,16 +50,11 @@ pub(super) fn run(sock: Arc<Socket>, driver: &Driver, frame_timeout: Duration) {
         return;
     }
     driver.install_source(Box::new(Reader::new(sock.clone())));
-    let mut aside = STEP_ASIDE;
+    let mut aside = StepAside::new();
     loop {
-        if driver.app_reading() {
-            // Longer naps while the application keeps reading; back within
-            // STEP_ASIDE_MAX once it stops.
-            thread::sleep(aside);
-            aside = (aside * 2).min(STEP_ASIDE_MAX);
+        if aside.nap_if_app_reads(driver) {
             continue;
         }
-        aside = STEP_ASIDE;
         // Wait for data without holding the source, so an application
         // thread can take over the reading at any time.
         if !readable(&sock, POLL_SLICE) || driver.app_reading() {
@@ -72,7 +63,7 @@ pub(super) fn run(sock: Arc<Socket>, driver: &Driver, frame_timeout: Duration) {
         match driver.try_pump(None) {
             Some(Pumped::Done) => return,
             Some(_) => {}
-            None => thread::sleep(STEP_ASIDE),
+            None => aside.nap(),
         }
     }
 }

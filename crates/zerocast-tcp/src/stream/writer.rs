@@ -55,7 +55,7 @@ struct TcpWire {
 }
 
 impl Wire for TcpWire {
-    fn write(&mut self, frames: &[Frame], ctx: &WireCtx<'_>) -> Result<(), ConnError> {
+    fn write(&mut self, frames: &mut [Frame], ctx: &WireCtx<'_>) -> Result<(), ConnError> {
         for chunk in frames.chunks(CHUNK) {
             if let Err(e) = write_chunk(&self.sock, ctx, chunk, &mut self.staging) {
                 tracing::debug!(peer = %ctx.peer(), error = %e, "tcp write failed");

@@ -1,4 +1,5 @@
-//! The send path of an RC connection: the sender thread turns the link's
+//! The send path of an RC connection: the send queue as a [`Wire`], through
+//! which the writer thread, or a sending thread itself, turns the link's
 //! batches into chained work requests — two-SGE sends (header slot, then
 //! the pool buffer), inline when small, rendezvous requests for payloads
 //! larger than the peer's receive buffers, RDMA WRITEs with immediate for
@@ -6,11 +7,12 @@
 //! flight that holds each payload until its completion.
 
 use std::ptr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_sys::{ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wr_opcode};
 use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
-use zerocast_link::{Driver, Frame};
+use zerocast_link::{Driver, Frame, Wire, WireCtx};
 use zerocast_mem::Buf;
 
 use super::{lock, Io};
@@ -57,29 +59,44 @@ impl SendTable {
 /// One signalled send per this many (plus the last of every batch).
 const SIGNAL_EVERY: u64 = 16;
 
-pub(super) fn sender(io: &Io, driver: &Driver, max_batch: usize) {
-    let mut batch: Vec<Frame> = Vec::with_capacity(max_batch);
-    let mut wrs: Vec<ibv_send_wr> = Vec::with_capacity(max_batch);
-    let mut sges: Vec<[ibv_sge; 2]> = Vec::with_capacity(max_batch);
-    let mut slots: Vec<u64> = Vec::with_capacity(max_batch);
-    let mut inline: Vec<bool> = Vec::with_capacity(max_batch);
-    let mut part: Vec<Frame> = Vec::with_capacity(max_batch);
-    'outer: while driver.next_batch(&mut batch) {
+/// The send queue as a [`Wire`]: frames are posted by the writer thread,
+/// or by a sending thread itself (see [`zerocast_link::Wire`]).
+pub(super) struct RcWire {
+    io: Arc<Io>,
+    scratch: Scratch,
+}
+
+/// Work requests and scatter lists under construction, kept between posts.
+#[derive(Default)]
+struct Scratch {
+    wrs: Vec<ibv_send_wr>,
+    sges: Vec<[ibv_sge; 2]>,
+    slots: Vec<u64>,
+    inline: Vec<bool>,
+}
+
+// SAFETY: the raw pointers in `wrs` point into `sges` and registered
+// memory only during one `post_batch`, which rewrites them before posting;
+// between posts they are stale and never read.
+unsafe impl Send for Scratch {}
+
+impl Wire for RcWire {
+    fn write(&mut self, frames: &mut [Frame], ctx: &WireCtx<'_>) -> Result<(), ConnError> {
+        let io = &*self.io;
+        let mut rest = frames;
         // Post in parts, each with no more rendezvous than may be started.
-        while !batch.is_empty() {
+        while !rest.is_empty() {
             let large = |f: &Frame| by_rendezvous(io, f);
-            let mut free = 0;
-            if batch.iter().any(large) {
-                match io.rendezvous.wait_free(|| io.is_closing() || driver.check_heartbeat().is_err()) {
+            let mut free = usize::MAX;
+            if rest.iter().any(large) {
+                match io.rendezvous.wait_free(|| io.is_closing() || ctx.check_heartbeat().is_err()) {
                     Some(n) => free = n,
-                    None => {
-                        batch.clear();
-                        break;
-                    }
+                    // Closing: the frames go back to the pool.
+                    None => return Ok(()),
                 }
             }
             let mut n = 0;
-            for f in batch.iter() {
+            for f in rest.iter() {
                 if large(f) {
                     if free == 0 {
                         break;
@@ -88,20 +105,18 @@ pub(super) fn sender(io: &Io, driver: &Driver, max_batch: usize) {
                 }
                 n += 1;
             }
-            part.extend(batch.drain(..n));
-            if let Err(e) = post_batch(io, &mut part, &mut wrs, &mut sges, &mut slots, &mut inline) {
-                driver.fail(ConnError::transport(e));
-                break 'outer;
-            }
+            let (part, tail) = std::mem::take(&mut rest).split_at_mut(n);
+            post_batch(io, part, &mut self.scratch).map_err(ConnError::transport)?;
+            rest = tail;
         }
-        // Our goodbye went out after the peer's arrived: nothing will wake
-        // `next_batch` again, so stop here.
-        if driver.is_finished() {
-            break;
-        }
+        Ok(())
     }
-    batch.clear();
-    part.clear();
+}
+
+/// The writer thread: posts what sending threads queued, then waits for
+/// the last sends to complete and closes the QP.
+pub(super) fn sender(io: &Arc<Io>, driver: &Driver) {
+    driver.run_writer(Box::new(RcWire { io: io.clone(), scratch: Scratch::default() }));
     // Let our last sends (the goodbye) be acknowledged, and the peer read
     // our rendezvous payloads, before disconnecting. A peer that fails
     // meanwhile closes the connection, which ends the wait.
@@ -124,14 +139,10 @@ pub(super) fn sender(io: &Io, driver: &Driver, max_batch: usize) {
     io.close();
 }
 
-fn post_batch(
-    io: &Io,
-    batch: &mut Vec<Frame>,
-    wrs: &mut Vec<ibv_send_wr>,
-    sges: &mut Vec<[ibv_sge; 2]>,
-    slots: &mut Vec<u64>,
-    inline: &mut Vec<bool>,
-) -> Result<(), RcError> {
+/// Post `batch` as one chain, taking each payload into the send table (or
+/// the rendezvous queue) until the device is done with it.
+fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(), RcError> {
+    let Scratch { wrs, sges, slots, inline } = scratch;
     wrs.clear();
     sges.clear();
     slots.clear();
@@ -150,7 +161,6 @@ fn post_batch(
                     // Nothing was posted: give the send numbers back.
                     t.tail -= slots.len() as u64;
                     slots.clear();
-                    batch.clear();
                     return Ok(());
                 }
                 t = io
@@ -221,9 +231,9 @@ fn post_batch(
     // peer's finish instead, in post order.
     {
         let mut t = lock(&io.send);
-        for (frame, &seq) in batch.drain(..).zip(slots.iter()) {
-            let large = by_rendezvous(io, &frame);
-            match frame.payload {
+        for (frame, &seq) in batch.iter_mut().zip(slots.iter()) {
+            let large = by_rendezvous(io, frame);
+            match frame.payload.take() {
                 Some(b) if large => io.rendezvous.push_outbound(b),
                 payload => {
                     let i = t.slot(seq);

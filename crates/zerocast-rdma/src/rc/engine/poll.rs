@@ -1,0 +1,211 @@
+//! Polling the CQ: by a receiving application thread when there is one,
+//! by the connection's poller thread otherwise.
+//!
+//! The CQ is a [`Source`]: [`crate::rc::RcConnection`]'s `recv` polls it on
+//! the calling thread, so a message is taken off the CQ by the thread that
+//! will use it, with no hand-off (in busy-poll mode, the receiving thread
+//! spins on the CQ the way `ib_send_lat` does). The poller thread polls
+//! only while no application thread receives: send completions, credits,
+//! goodbyes and rendezvous READs of a busy application still move.
+
+use std::mem::MaybeUninit;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rdma_sys::ibv_wc;
+use zerocast_core::ConnError;
+use zerocast_link::{Driver, Pumped, Source, StepAside};
+
+use super::completion::on_completion;
+use super::{lock, Io, POLL_BATCH};
+use crate::rc::RcError;
+
+/// In event mode, how long a receiving thread spins on the CQ before it
+/// sleeps on the completion channel.
+const SPIN: Duration = Duration::from_micros(50);
+/// The longest single sleep on the completion channel.
+const WAIT_SLICE_MS: i32 = 20;
+/// In busy-poll mode, how long the poller thread spins when idle before it
+/// naps (and how long each nap is).
+const BUSY_SPIN: Duration = Duration::from_micros(200);
+const BUSY_NAP: Duration = Duration::from_micros(50);
+/// How long the poller waits for flush completions after a close.
+const FLUSH_PATIENCE: Duration = Duration::from_secs(10);
+
+/// The CQ as a [`Source`].
+pub(super) struct RcSource {
+    io: Arc<Io>,
+    wcs: [MaybeUninit<ibv_wc>; POLL_BATCH],
+    /// A completion event was requested and has not been taken yet.
+    armed: bool,
+    done: bool,
+}
+
+impl RcSource {
+    pub(super) fn new(io: Arc<Io>) -> Self {
+        Self { io, wcs: std::array::from_fn(|_| MaybeUninit::uninit()), armed: false, done: false }
+    }
+
+    /// Poll one batch of completions and act on each; how many there were.
+    fn poll_once(&mut self, driver: &Driver) -> usize {
+        let io = &*self.io;
+        let n = match io.cq.poll(&mut self.wcs) {
+            Ok(n) => n,
+            Err(e) => {
+                driver.fail(ConnError::transport(RcError::verbs("ibv_poll_cq", e)));
+                io.close();
+                0
+            }
+        };
+        for wc in &self.wcs[..n] {
+            // SAFETY: `ibv_poll_cq` initialised the first `n` entries.
+            let wc = unsafe { wc.assume_init_ref() };
+            on_completion(io, driver, wc);
+        }
+        n
+    }
+
+    fn event_mode(&self) -> bool {
+        !self.io.busy_poll && self.io.cq.has_channel()
+    }
+
+    /// Before reporting the CQ empty in event mode: the CQ is armed and no
+    /// event is pending, so a sleep on the channel ends at the next
+    /// completion. `false`: poll again first (a completion may have landed
+    /// before the arming, or an old event was taken).
+    fn settled(&mut self) -> bool {
+        if !self.event_mode() {
+            return true;
+        }
+        if !self.armed {
+            if let Err(e) = self.io.cq.arm() {
+                tracing::debug!(error = %e, "ibv_req_notify_cq failed");
+            }
+            self.armed = true;
+            return false;
+        }
+        match self.io.cq.wait(0) {
+            Ok(true) => {
+                self.armed = false;
+                false
+            }
+            _ => true,
+        }
+    }
+}
+
+// SAFETY: `ibv_wc` is plain data (integers and a union of integers); the
+// array is scratch space, meaningful only during one `pump`.
+unsafe impl Send for RcSource {}
+
+impl Source for RcSource {
+    fn pump(&mut self, driver: &Driver, until: Option<Instant>) -> Pumped {
+        if self.done {
+            return Pumped::Done;
+        }
+        let start = Instant::now();
+        let mut handled = false;
+        let mut spins = 0u32;
+        loop {
+            let n = self.poll_once(driver);
+            if n == POLL_BATCH {
+                handled = true;
+                continue;
+            }
+            if n > 0 || handled {
+                return Pumped::Frames;
+            }
+            if self.io.is_closing() && self.io.drained() {
+                self.done = true;
+                return Pumped::Done;
+            }
+            let Some(until) = until else {
+                if self.settled() {
+                    return Pumped::Idle;
+                }
+                continue;
+            };
+            let now = Instant::now();
+            if now >= until || driver.app_waiting() {
+                return Pumped::Idle;
+            }
+            spins = spins.wrapping_add(1);
+            if !self.event_mode() || now - start < SPIN {
+                // Stay on the CPU, but let a thread on this core that would
+                // send (the peer, in the same process) go now and then.
+                if spins & 63 == 63 {
+                    thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+                continue;
+            }
+            if !self.settled() {
+                continue;
+            }
+            let left = (until - now).as_millis().clamp(1, WAIT_SLICE_MS as u128) as i32;
+            match self.io.cq.wait(left) {
+                Ok(true) => self.armed = false,
+                Ok(false) => {}
+                Err(e) => tracing::debug!(error = %e, "waiting for a completion event failed"),
+            }
+        }
+    }
+}
+
+/// The poller thread: polls whenever no application thread does, until
+/// the connection is closed and every posted request has completed.
+pub(super) fn poller(io: &Io, driver: &Driver) {
+    poll_until_drained(io, driver);
+    // The QP is in the error state and flushed: no READ can reach a
+    // buffer held for rendezvous any more.
+    io.rendezvous.clear();
+}
+
+fn poll_until_drained(io: &Io, driver: &Driver) {
+    let mut aside = StepAside::new();
+    let mut idle_since: Option<Instant> = None;
+    loop {
+        if aside.nap_if_app_reads(driver) {
+            continue;
+        }
+        match driver.try_pump(None) {
+            Some(Pumped::Done) => return,
+            Some(Pumped::Frames) => {
+                idle_since = None;
+                continue;
+            }
+            Some(Pumped::Idle) => {}
+            None => {
+                aside.nap();
+                continue;
+            }
+        }
+        let idle = *idle_since.get_or_insert_with(Instant::now);
+        if io.is_closing() && idle.elapsed() > FLUSH_PATIENCE {
+            tracing::warn!(
+                recv_posted = lock(&io.recv).posted,
+                send_outstanding = lock(&io.send).outstanding(),
+                "RC connection: flush completions missing after close; giving up on them"
+            );
+            io.one_sided.abandon();
+            return;
+        }
+        if io.busy_poll || !io.cq.has_channel() {
+            if idle.elapsed() > BUSY_SPIN {
+                thread::sleep(BUSY_NAP);
+            } else {
+                std::hint::spin_loop();
+            }
+            continue;
+        }
+        // The source left the CQ armed with no event pending: sleep until
+        // the next completion, without taking its event (the next pump
+        // does), so an application thread can take over at any time.
+        if let Err(e) = io.cq.readable(WAIT_SLICE_MS) {
+            tracing::debug!(error = %e, "waiting for a completion event failed");
+            aside.nap();
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! The calling thread's own I/O, for transports that have it (`tcp://`,
+//! `rc://`): a send writes (posts) its frame itself when the link is quiet,
+//! a receive reads the socket (polls the CQ) itself, and neither breaks
+//! order, deadlines or several threads sharing one connection.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use zerocast::{RecvError, SendError};
+
+use crate::Transport;
+
+/// Ping-pong, one message in flight: (nearly) every send is written by its
+/// caller, and replies come back in order.
+pub fn ping_pong_is_written_by_the_caller(t: &Transport, rounds: u64, drained: impl Fn(&Transport)) {
+    let (client, server) = t.pair();
+    let echo = thread::spawn(move || {
+        while let Ok(m) = server.recv() {
+            let mut reply = server.alloc(m.len()).expect("alloc");
+            reply.copy_from_slice(&m);
+            drop(m);
+            server.send(reply).expect("echo");
+        }
+    });
+    for i in 0..rounds {
+        let mut b = client.alloc(8).expect("alloc");
+        b.copy_from_slice(&i.to_le_bytes());
+        client.send(b).expect("send");
+        let r = client.recv().expect("reply");
+        assert_eq!(u64::from_le_bytes(r[..8].try_into().unwrap()), i, "reply out of order");
+        drop(r);
+        // The release returned the credit before `drop` returned: on RDMA,
+        // the dropping thread reposted the buffer itself.
+        assert_eq!(client.stats().held, 0, "credit still held after the drop");
+    }
+    let stats = client.stats();
+    // One message in flight at a time: sends find the link quiet (a few may
+    // meet the writer thread holding the socket for a moment, and queue).
+    assert!(stats.direct_sends >= rounds * 99 / 100, "{stats:?}");
+    client.close();
+    echo.join().expect("echo thread");
+    drained(t);
+}
+
+/// A burst of `n` small messages: once frames are in flight they queue for
+/// the writer thread's batches, and all arrive in order.
+pub fn a_burst_goes_through_the_writer(t: &Transport, n: u64, drained: impl Fn(&Transport)) {
+    let (client, server) = t.pair();
+    let reader = thread::spawn(move || {
+        let mut next = 0u64;
+        while let Ok(m) = server.recv() {
+            assert_eq!(u64::from_le_bytes(m[..8].try_into().unwrap()), next);
+            next += 1;
+        }
+        next
+    });
+    for i in 0..n {
+        let mut b = client.alloc(64).expect("alloc");
+        b[..8].copy_from_slice(&i.to_le_bytes());
+        client.send(b).expect("send");
+    }
+    let stats = client.stats();
+    client.close();
+    assert_eq!(reader.join().expect("reader"), n);
+    // Once frames are in flight, sends queue for the writer's batches.
+    assert!(stats.direct_sends < n / 2, "{stats:?}");
+    drained(t);
+}
+
+/// `threads` threads send `per` messages each on one connection: each
+/// thread's messages arrive in its order, direct writes and batches mixed.
+pub fn senders_on_many_threads_keep_order(
+    t: &Transport,
+    threads: u64,
+    per: u64,
+    drained: impl Fn(&Transport),
+) {
+    let (client, server) = t.pair();
+    let barrier = Arc::new(Barrier::new(threads as usize));
+    let senders: Vec<_> = (0..threads)
+        .map(|id| {
+            let (c, barrier) = (client.clone(), barrier.clone());
+            thread::spawn(move || {
+                barrier.wait();
+                for seq in 0..per {
+                    let mut b = c.alloc(16).expect("alloc");
+                    b[..8].copy_from_slice(&id.to_le_bytes());
+                    b[8..].copy_from_slice(&seq.to_le_bytes());
+                    c.send(b).expect("send");
+                    if seq % 97 == 96 {
+                        // Let the link go quiet now and then, so direct
+                        // writes and queued batches interleave.
+                        thread::yield_now();
+                    }
+                }
+            })
+        })
+        .collect();
+    let reader = thread::spawn(move || {
+        let mut next: HashMap<u64, u64> = HashMap::new();
+        let mut total = 0;
+        while let Ok(m) = server.recv() {
+            let id = u64::from_le_bytes(m[..8].try_into().unwrap());
+            let seq = u64::from_le_bytes(m[8..16].try_into().unwrap());
+            let want = next.entry(id).or_insert(0);
+            assert_eq!(seq, *want, "thread {id} out of order");
+            *want += 1;
+            total += 1;
+        }
+        total
+    });
+    for s in senders {
+        s.join().expect("sender");
+    }
+    client.close();
+    assert_eq!(reader.join().expect("reader"), threads * per);
+    drained(t);
+}
+
+/// A receive that reads the transport itself honours its deadline, and two
+/// receiving threads split one stream of `n` with nothing lost or doubled.
+pub fn reading_receivers_share_the_stream(t: &Transport, n: u64, drained: impl Fn(&Transport)) {
+    let (client, server) = t.pair();
+    // Nothing sent: a receive that reads the socket itself still times out.
+    let start = Instant::now();
+    assert!(matches!(server.recv_timeout(Duration::from_millis(150)), Err(RecvError::Timeout)));
+    let waited = start.elapsed();
+    assert!(waited >= Duration::from_millis(150) && waited < Duration::from_secs(3), "{waited:?}");
+    // Two receiving threads split one stream; nothing is lost or doubled.
+    let receivers: Vec<_> = (0..2)
+        .map(|_| {
+            let s = server.clone();
+            thread::spawn(move || {
+                let mut seen = Vec::new();
+                loop {
+                    match s.recv_timeout(Duration::from_secs(10)) {
+                        Ok(m) => seen.push(u64::from_le_bytes(m[..8].try_into().unwrap())),
+                        Err(RecvError::Disconnected) => return seen,
+                        Err(e) => panic!("receive: {e:?}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for i in 0..n {
+        let mut b = client.alloc(8).expect("alloc");
+        b.copy_from_slice(&i.to_le_bytes());
+        match client.send(b) {
+            Ok(()) => {}
+            Err(SendError::Failed(_, e)) => panic!("send failed: {e}"),
+            Err(e) => panic!("send: {e:?}"),
+        }
+    }
+    client.close();
+    let mut all: Vec<u64> = receivers.into_iter().flat_map(|r| r.join().expect("receiver")).collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..n).collect::<Vec<_>>());
+    drained(t);
+}
+
+/// A receiver that busy-polls with `try_recv` reads the transport itself
+/// (the reader thread steps aside): `n` messages arrive whole and in order,
+/// and then the disconnect.
+pub fn a_try_recv_loop_reads_the_stream(t: &Transport, n: u64, drained: impl Fn(&Transport)) {
+    let (client, server) = t.pair();
+    let reader = thread::spawn(move || {
+        let mut next = 0u64;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            match server.try_recv() {
+                Ok(m) => {
+                    assert_eq!(u64::from_le_bytes(m[..8].try_into().unwrap()), next, "out of order");
+                    assert!(m[8..].iter().all(|&b| b == next as u8), "payload of {next} corrupted");
+                    next += 1;
+                }
+                Err(RecvError::Empty) => {
+                    assert!(Instant::now() < deadline, "stalled after {next} messages");
+                    std::hint::spin_loop();
+                }
+                Err(RecvError::Disconnected) => return next,
+                Err(e) => panic!("try_recv: {e:?}"),
+            }
+        }
+    });
+    for i in 0..n {
+        let len = 8 + (i as usize * 37) % 3000;
+        let mut b = client.alloc(len).expect("alloc");
+        b[..8].copy_from_slice(&i.to_le_bytes());
+        b[8..].fill(i as u8);
+        client.send(b).expect("send");
+    }
+    client.close();
+    assert_eq!(reader.join().expect("reader"), n);
+    drained(t);
+}

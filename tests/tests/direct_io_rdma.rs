@@ -1,0 +1,73 @@
+//! Caller-driven I/O on `rc://` and `rc+oob://`, in both completion modes
+//! (see `zerocast_tests::direct_io`): a send posts its own work request
+//! when the link is quiet, a receive polls the CQ itself, a released
+//! message's buffer is reposted by the thread that drops it.
+//!
+//! Every test needs a verbs device: they are ignored on a plain `cargo
+//! test`; `scripts/test` runs them inside the Soft-RoCE guest.
+
+#![cfg(feature = "rdma")]
+
+use std::time::Duration;
+
+use zerocast::rdma::{CompletionMode, RcConfig};
+use zerocast::{Config, LinkConfig, Zerocast};
+use zerocast_tests::{direct_io, Transport};
+
+fn transport(scheme: &str, mode: CompletionMode) -> Transport {
+    let addr = std::env::var("ZEROCAST_RDMA_ADDR").unwrap_or_else(|_| "10.0.2.15".to_owned());
+    let uri: &'static str = Box::leak(format!("{scheme}://{addr}:0").into_boxed_str());
+    let link = LinkConfig::default().with_recv_window(32);
+    let cfg = Config::default().with_link(link).with_rc(RcConfig::default().with_completion(mode));
+    Transport { zc: Zerocast::with_config(cfg), listen_uri: uri }
+}
+
+fn drained(t: &Transport) {
+    zerocast_tests::assert_pool_drained(t.zc.rc().expect("rc transport").pool(), Duration::from_secs(10));
+}
+
+macro_rules! caller_driven {
+    ($name:ident, $scheme:expr, $mode:expr) => {
+        mod $name {
+            use super::*;
+
+            fn t() -> Transport {
+                transport($scheme, $mode)
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn ping_pong_is_posted_by_the_caller_and_reposted_on_release() {
+                direct_io::ping_pong_is_written_by_the_caller(&t(), 1_000, drained);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn a_burst_goes_through_the_writer_and_arrives_whole() {
+                direct_io::a_burst_goes_through_the_writer(&t(), 10_000, drained);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn senders_on_many_threads_keep_each_threads_order() {
+                direct_io::senders_on_many_threads_keep_order(&t(), 3, 3_000, drained);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn polling_receivers_share_the_stream_and_honour_deadlines() {
+                direct_io::reading_receivers_share_the_stream(&t(), 5_000, drained);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn a_try_recv_loop_polls_the_cq_itself() {
+                direct_io::a_try_recv_loop_reads_the_stream(&t(), 5_000, drained);
+            }
+        }
+    };
+}
+
+caller_driven!(rc_busy, "rc", CompletionMode::BusyPoll);
+caller_driven!(rc_channel, "rc", CompletionMode::Channel);
+caller_driven!(rc_oob_channel, "rc+oob", CompletionMode::Channel);

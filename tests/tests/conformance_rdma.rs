@@ -218,9 +218,15 @@ fn rnr_without_credits_is_a_typed_error() {
     rc.unsafe_ignore_credits_for_tests = true;
     let t = transport_with("rc", 16, rc);
     let (client, server) = t.pair();
+    let (ended_tx, ended) = std::sync::mpsc::channel();
     let reader = thread::spawn(move || {
         // Read (and so release) whatever arrives, until the end.
-        while server.recv_timeout(Duration::from_secs(5)).is_ok() {}
+        let end = loop {
+            if let Err(e) = server.recv_timeout(Duration::from_secs(5)) {
+                break e;
+            }
+        };
+        let _ = ended_tx.send(end);
     });
     let start = Instant::now();
     let err = loop {
@@ -237,6 +243,15 @@ fn rnr_without_credits_is_a_typed_error() {
     assert!(matches!(rc_error(&err), Some(RcError::RnrRetryExceeded)), "not an RNR error: {err:?}");
     assert!(took < Duration::from_secs(1), "RNR took {took:?}");
     drop(client);
+    // The server posted no receive (credits were ignored), so no flush
+    // completion tells it the peer left: its receiver must still see the
+    // end, as a typed error, well within its own 5 s deadline.
+    let end = ended.recv_timeout(Duration::from_secs(10)).expect("server's receiver never saw the end");
+    println!("server's receiver ended with: {end}");
+    assert!(
+        matches!(end, RecvError::Failed(_) | RecvError::Disconnected),
+        "server's receiver timed out instead of seeing the peer leave: {end:?}"
+    );
     reader.join().expect("reader");
 }
 

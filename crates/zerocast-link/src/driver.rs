@@ -169,7 +169,7 @@ impl Driver {
                 st.last_rx = st.last_rx.max(now);
             }
             if let Err(e) = Self::check_silence(&mut st, now, hb) {
-                self.fail_locked(&mut st, e);
+                self.shared.fail(&mut st, e);
                 batch.clear();
                 return Fill::Stop;
             }
@@ -326,9 +326,18 @@ impl Driver {
     /// process died, say) and the connection fails with
     /// [`ConnError::Aborted`].
     pub fn on_end(&self) {
+        self.on_end_or_fail(ConnError::Aborted);
+    }
+
+    /// Like [`Driver::on_end`], with the backend's own error for a peer that
+    /// vanished without its goodbye (an RDMA disconnect, say). A backend
+    /// whose read path is over calls this before reporting
+    /// [`crate::Pumped::Done`], so receivers never wait for a stream that
+    /// will not end by itself.
+    pub fn on_end_or_fail(&self, vanished: ConnError) {
         let mut st = self.shared.lock();
         if !st.peer_closed {
-            self.fail_locked(&mut st, ConnError::Aborted);
+            self.shared.fail(&mut st, vanished);
         }
         st.peer_closed = true;
         self.shared.end(&mut st);
@@ -338,12 +347,8 @@ impl Driver {
     /// after the messages already delivered). Returns `err` for convenience.
     pub fn fail(&self, err: ConnError) -> ConnError {
         let mut st = self.shared.lock();
-        self.fail_locked(&mut st, err.clone());
+        self.shared.fail(&mut st, err.clone());
         err
-    }
-
-    fn fail_locked(&self, st: &mut State, err: ConnError) {
-        self.shared.fail(st, err);
     }
 
     /// Why the connection failed, if it did.

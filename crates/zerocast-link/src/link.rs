@@ -218,7 +218,10 @@ impl Link {
                 None => return None,
             };
             match pumped {
-                Pumped::Frames | Pumped::Done => {}
+                Pumped::Frames => {}
+                // The source is over; what it delivered (and the end) is
+                // in the queue, which honours the deadline.
+                Pumped::Done => return None,
                 Pumped::Idle => {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Some(match self.shared.delivered_rx.try_recv() {

@@ -83,9 +83,11 @@ impl Mode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum Poll {
-    /// Spin on `try_recv`/`try_send`; RDMA completion threads spin on the CQ.
+    /// Spin on `try_recv`/`try_send`: the receiving thread polls the socket
+    /// or CQ itself (RDMA: `CompletionMode::BusyPoll`).
     Busy,
-    /// Block in `recv`/`send`; RDMA completion threads sleep on a completion channel.
+    /// Block in `recv`/`send`: the receiving thread polls briefly, then
+    /// sleeps (RDMA: on a completion channel, `CompletionMode::Channel`).
     Event,
 }
 

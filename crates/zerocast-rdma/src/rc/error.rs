@@ -57,8 +57,9 @@ pub enum RcError {
         /// Bytes of the remote region.
         remote: u64,
     },
-    /// The connection is closed (or failed): no one-sided request was posted.
-    #[error("the RC connection is closed; no one-sided request was posted")]
+    /// The connection is closed (or failed): nothing more is posted or
+    /// received on it (a one-sided request asked for now is not posted).
+    #[error("the RC connection is closed; nothing more is posted on it")]
     Closed,
     /// The peer disconnected (rdma_cm DISCONNECTED) before saying goodbye.
     #[error("the peer disconnected without closing the connection")]

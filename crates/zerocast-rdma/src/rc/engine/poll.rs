@@ -9,6 +9,7 @@
 //! goodbyes and rendezvous READs of a busy application still move.
 
 use std::mem::MaybeUninit;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -118,6 +119,15 @@ impl Source for RcSource {
             }
             if self.io.is_closing() && self.io.drained() {
                 self.done = true;
+                // Nothing more will come off this CQ. Make sure the link
+                // knows: a connection closed with no receive posted (so no
+                // flush completion told it) still ends for its receivers.
+                let vanished = if self.io.peer_disconnected.load(Ordering::Acquire) {
+                    RcError::PeerDisconnected
+                } else {
+                    RcError::Closed
+                };
+                driver.on_end_or_fail(ConnError::transport(vanished));
                 return Pumped::Done;
             }
             let Some(until) = until else {

@@ -139,6 +139,7 @@ impl Io {
                 slots: (0..sizes.send_depth).map(|_| None).collect(),
                 head: 0,
                 tail: 0,
+                waiters: 0,
             }),
             send_cv: Condvar::new(),
             one_sided: one_sided::Table::new(),

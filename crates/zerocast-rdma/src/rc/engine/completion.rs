@@ -83,8 +83,12 @@ pub(super) fn on_completion(io: &Io, driver: &Driver, wc: &ibv_wc) {
             on_error(io, driver, wc.status, wc.vendor_err);
         }
     } else {
-        lock(&io.send).complete_through(wc.wr_id);
-        io.send_cv.notify_all();
+        let mut t = lock(&io.send);
+        t.complete_through(wc.wr_id);
+        if t.waiters > 0 {
+            io.send_cv.notify_all();
+        }
+        drop(t);
         if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
             on_error(io, driver, wc.status, wc.vendor_err);
         }

@@ -105,7 +105,10 @@ impl Source for RcSource {
         if self.done {
             return Pumped::Done;
         }
-        let start = Instant::now();
+        // Read the clock only once this call has to wait: a busy-polling
+        // `try_recv` pumps with no deadline on every spin, and a clock
+        // read is a system call on some machines (a TCG guest's HPET).
+        let mut start: Option<Instant> = None;
         let mut handled = false;
         let mut spins = 0u32;
         loop {
@@ -140,6 +143,7 @@ impl Source for RcSource {
             if now >= until || driver.app_waiting() {
                 return Pumped::Idle;
             }
+            let start = *start.get_or_insert(now);
             spins = spins.wrapping_add(1);
             if !self.event_mode() || now - start < SPIN {
                 // Stay on the CPU, but let a thread on this core that would

@@ -7,7 +7,7 @@
 //! flight that holds each payload until its completion.
 
 use std::ptr;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rdma_sys::{ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wr_opcode};
@@ -31,6 +31,9 @@ pub(super) struct SendTable {
     pub(super) head: u64,
     /// Next send number.
     pub(super) tail: u64,
+    /// Threads waiting on `Io::send_cv` for sends to complete: completions
+    /// notify only when there are some (a notify is a system call).
+    pub(super) waiters: u32,
 }
 
 impl SendTable {
@@ -126,17 +129,26 @@ pub(super) fn sender(io: &Arc<Io>, driver: &Driver) {
         && !io.is_closing()
         && Instant::now() < deadline
     {
-        t = io
-            .send_cv
-            .wait_timeout(t, Duration::from_millis(20))
-            .map(|(g, _)| g)
-            .unwrap_or_else(|p| p.into_inner().0);
+        t = wait_send(io, t);
     }
     drop(t);
     // Done: the goodbye completed, or the peer, having both goodbyes, went
     // away before acknowledging it (a failure would have failed the link).
     driver.writer_done();
     io.close();
+}
+
+/// Wait (at most 20 ms) for a send completion, counted in
+/// [`SendTable::waiters`].
+fn wait_send<'a>(io: &'a Io, mut t: MutexGuard<'a, SendTable>) -> MutexGuard<'a, SendTable> {
+    t.waiters += 1;
+    let mut t = io
+        .send_cv
+        .wait_timeout(t, Duration::from_millis(20))
+        .map(|(g, _)| g)
+        .unwrap_or_else(|p| p.into_inner().0);
+    t.waiters -= 1;
+    t
 }
 
 /// Post `batch` as one chain, taking each payload into the send table (or
@@ -163,11 +175,7 @@ fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
                     slots.clear();
                     return Ok(());
                 }
-                t = io
-                    .send_cv
-                    .wait_timeout(t, Duration::from_millis(20))
-                    .map(|(g, _)| g)
-                    .unwrap_or_else(|p| p.into_inner().0);
+                t = wait_send(io, t);
             }
         }
     }

@@ -198,3 +198,49 @@ pub fn a_try_recv_loop_reads_the_stream(t: &Transport, n: u64, drained: impl Fn(
     assert_eq!(reader.join().expect("reader"), n);
     drained(t);
 }
+
+/// A sender that spins on `try_send` through a window far smaller than
+/// the stream (no blocking send, so no thread parks waiting for credit)
+/// gets its credits back: a `try_send` that finds none reads the
+/// transport once itself. `n` messages arrive whole and in order.
+pub fn a_try_send_loop_gets_its_credit_back(t: &Transport, n: u64, drained: impl Fn(&Transport)) {
+    let (client, server) = t.pair();
+    let reader = thread::spawn(move || {
+        let mut next = 0u64;
+        loop {
+            match server.recv_timeout(Duration::from_secs(60)) {
+                Ok(m) => {
+                    assert_eq!(u64::from_le_bytes(m[..8].try_into().unwrap()), next, "out of order");
+                    assert!(m[8..].iter().all(|&b| b == next as u8), "payload of {next} corrupted");
+                    next += 1;
+                }
+                Err(RecvError::Disconnected) => return next,
+                Err(e) => panic!("recv after {next} messages: {e:?}"),
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut full = 0u64;
+    for i in 0..n {
+        let len = 8 + (i as usize * 53) % 2000;
+        let mut b = client.alloc(len).expect("alloc");
+        b[..8].copy_from_slice(&i.to_le_bytes());
+        b[8..].fill(i as u8);
+        loop {
+            match client.try_send(b) {
+                Ok(()) => break,
+                Err(SendError::Full(back)) => {
+                    full += 1;
+                    assert!(Instant::now() < deadline, "try_send stalled at message {i}");
+                    b = back;
+                    std::hint::spin_loop();
+                }
+                Err(e) => panic!("try_send of {i}: {e}"),
+            }
+        }
+    }
+    client.close();
+    assert_eq!(reader.join().expect("reader"), n);
+    println!("{n} messages, try_send found no credit {full} times");
+    drained(t);
+}

@@ -36,3 +36,8 @@ fn reading_receivers_share_the_stream_and_honour_deadlines() {
 fn a_try_recv_loop_reads_the_socket_itself() {
     direct_io::a_try_recv_loop_reads_the_stream(&tcp(), 20_000, drained);
 }
+
+#[test]
+fn a_try_send_loop_gets_its_credit_back() {
+    direct_io::a_try_send_loop_gets_its_credit_back(&tcp(), 20_000, drained);
+}

@@ -107,6 +107,7 @@ impl Link {
             return Err(SendError::Rejected(buf, std::sync::Arc::new(err)));
         }
         let mut st = self.shared.lock();
+        let mut polled = false;
         let reservation = loop {
             if let Some(e) = &st.failed {
                 return Err(SendError::Failed(buf, e.clone()));
@@ -117,6 +118,17 @@ impl Link {
             match st.credits.reserve() {
                 Ok(r) => break r,
                 Err(_) => match wait {
+                    // No credit: read the backend's source once on this
+                    // thread, as `try_recv` does, for credits that have
+                    // arrived (and send completions). A `try_send` loop
+                    // then polls for itself, and the backend's thread
+                    // steps aside for it (see [`crate::StepAside`]).
+                    None if !polled && self.shared.source.0.get().is_some() => {
+                        polled = true;
+                        drop(st);
+                        let _ = self.reader.pump_as(None, false);
+                        st = self.shared.lock();
+                    }
                     None => return Err(SendError::Full(buf)),
                     Some(None) => st = self.shared.wait_cv(st, None),
                     Some(Some(deadline)) => {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use zerocast::{RecvError, SendError};
 
-use crate::Transport;
+use crate::{checksum, Transport};
 
 /// Ping-pong, one message in flight: (nearly) every send is written by its
 /// caller, and replies come back in order.
@@ -174,8 +174,8 @@ pub fn a_try_recv_loop_reads_the_stream(t: &Transport, n: u64, drained: impl Fn(
         loop {
             match server.try_recv() {
                 Ok(m) => {
-                    assert_eq!(u64::from_le_bytes(m[..8].try_into().unwrap()), next, "out of order");
-                    assert!(m[8..].iter().all(|&b| b == next as u8), "payload of {next} corrupted");
+                    let seq = checksum::verify(&m).unwrap_or_else(|e| panic!("message {next}: {e}"));
+                    assert_eq!(seq, next, "out of order");
                     next += 1;
                 }
                 Err(RecvError::Empty) => {
@@ -188,10 +188,9 @@ pub fn a_try_recv_loop_reads_the_stream(t: &Transport, n: u64, drained: impl Fn(
         }
     });
     for i in 0..n {
-        let len = 8 + (i as usize * 37) % 3000;
+        let len = checksum::HEADER + (i as usize * 37) % 3000;
         let mut b = client.alloc(len).expect("alloc");
-        b[..8].copy_from_slice(&i.to_le_bytes());
-        b[8..].fill(i as u8);
+        checksum::write(i, &mut b);
         client.send(b).expect("send");
     }
     client.close();
@@ -210,8 +209,8 @@ pub fn a_try_send_loop_gets_its_credit_back(t: &Transport, n: u64, drained: impl
         loop {
             match server.recv_timeout(Duration::from_secs(60)) {
                 Ok(m) => {
-                    assert_eq!(u64::from_le_bytes(m[..8].try_into().unwrap()), next, "out of order");
-                    assert!(m[8..].iter().all(|&b| b == next as u8), "payload of {next} corrupted");
+                    let seq = checksum::verify(&m).unwrap_or_else(|e| panic!("message {next}: {e}"));
+                    assert_eq!(seq, next, "out of order");
                     next += 1;
                 }
                 Err(RecvError::Disconnected) => return next,
@@ -222,10 +221,9 @@ pub fn a_try_send_loop_gets_its_credit_back(t: &Transport, n: u64, drained: impl
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut full = 0u64;
     for i in 0..n {
-        let len = 8 + (i as usize * 53) % 2000;
+        let len = checksum::HEADER + (i as usize * 53) % 2000;
         let mut b = client.alloc(len).expect("alloc");
-        b[..8].copy_from_slice(&i.to_le_bytes());
-        b[8..].fill(i as u8);
+        checksum::write(i, &mut b);
         loop {
             match client.try_send(b) {
                 Ok(()) => break,

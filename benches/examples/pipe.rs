@@ -7,7 +7,8 @@
 //! ```
 //!
 //! `KIND` is `zc` (raw buffers over tcp), `zc-mem`, `typed`, `typed-mem`,
-//! `raw` (batched socket baseline), `naive` or `gathered`. Prints messages per batch
+//! `raw` (batched socket baseline), `naive`, `gathered`, or `zmq` (ZeroMQ
+//! PUSH/PULL, with `--features zeromq`). Prints messages per batch
 //! and batches run, so syscall counts can be divided per message; it prints
 //! no rate.
 
@@ -53,6 +54,8 @@ fn main() -> Result<(), BoxError> {
         "raw" => Box::new(RawPipe::new(Baseline::Batched, size, n)?),
         "naive" => Box::new(RawPipe::new(Baseline::Naive, size, n)?),
         "gathered" => Box::new(RawPipe::new(Baseline::Gathered, size, n)?),
+        #[cfg(feature = "zeromq")]
+        "zmq" => Box::new(zerocast_benches::ZmqPipe::new(size, n)?),
         other => return Err(format!("unknown kind {other}").into()),
     };
     run(p.as_mut(), batches);

@@ -294,6 +294,18 @@ impl Credits {
         Ok(self.wants_credit_frame())
     }
 
+    /// The application released `n` received data buffers at once (a
+    /// batch of [`Credits::release`]s, all or none). Returns whether a
+    /// credit frame is now due.
+    pub fn release_many(&mut self, n: u32) -> Result<bool, CreditError> {
+        if self.held < n {
+            return Err(CreditError::ReleaseUnderflow);
+        }
+        self.held -= n;
+        self.owed += n;
+        Ok(self.wants_credit_frame())
+    }
+
     /// Credits available for data frames (the reserved one excluded).
     pub fn available(&self) -> u32 {
         self.avail.saturating_sub(1)

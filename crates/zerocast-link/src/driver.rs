@@ -4,7 +4,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
 use zerocast_core::{ConnError, FrameKind, Header, HEARTBEAT_MISSES};
 use zerocast_mem::{Buf, Pool};
 
@@ -51,9 +50,20 @@ pub(crate) enum Fill {
 #[derive(Clone)]
 pub struct Driver {
     pub(crate) shared: Arc<Shared>,
-    /// The writer's queue; `None` in the copy a [`crate::Link`] keeps for
-    /// reading a [`crate::Source`], which never writes.
-    outgoing: Option<Receiver<Outgoing>>,
+    /// The writer's end of the queue; `None` in the copy a [`crate::Link`]
+    /// keeps for reading a [`crate::Source`], which never writes.
+    outgoing: Option<Arc<WriterEnd>>,
+}
+
+/// The consuming end of the writer's queue, shared by a backend's driver
+/// clones. When the last goes, the queue refuses new frames, so a sender
+/// learns that the writer is gone rather than queueing into the void.
+struct WriterEnd(Arc<Shared>);
+
+impl Drop for WriterEnd {
+    fn drop(&mut self) {
+        self.0.tx.close();
+    }
 }
 
 impl fmt::Debug for Driver {
@@ -63,8 +73,8 @@ impl fmt::Debug for Driver {
 }
 
 impl Driver {
-    pub(crate) fn new(shared: Arc<Shared>, outgoing: Receiver<Outgoing>) -> Self {
-        Self { shared, outgoing: Some(outgoing) }
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self { outgoing: Some(Arc::new(WriterEnd(shared.clone()))), shared }
     }
 
     /// A driver for reading only (see [`crate::Source`]).
@@ -108,24 +118,16 @@ impl Driver {
                 return Wait::Stop;
             }
         }
-        let Some(outgoing) = &self.outgoing else { return Wait::Stop };
-        match self.shared.heartbeat {
-            None => match outgoing.recv() {
-                Ok(item) => Wait::Item(item),
-                // Unreachable while `Shared` holds the sender; stop anyway.
-                Err(_) => Wait::Stop,
-            },
-            Some(hb) => {
-                let deadline = {
-                    let st = self.shared.lock();
-                    (st.last_tx + hb).min(st.last_rx + hb * HEARTBEAT_MISSES)
-                };
-                match outgoing.recv_deadline(deadline) {
-                    Ok(item) => Wait::Item(item),
-                    Err(RecvTimeoutError::Timeout) => Wait::Tick,
-                    Err(RecvTimeoutError::Disconnected) => Wait::Stop,
-                }
-            }
+        if self.outgoing.is_none() {
+            return Wait::Stop;
+        }
+        let deadline = self.shared.heartbeat.map(|hb| {
+            let st = self.shared.lock();
+            (st.last_tx + hb).min(st.last_rx + hb * HEARTBEAT_MISSES)
+        });
+        match self.shared.tx.pop(deadline) {
+            Some(item) => Wait::Item(item),
+            None => Wait::Tick,
         }
     }
 
@@ -133,13 +135,14 @@ impl Driver {
     /// credit frame, goodbye or heartbeat that is due.
     pub(crate) fn fill(&self, first: Option<Outgoing>, batch: &mut Vec<Frame>) -> Fill {
         let mut st = self.shared.lock();
+        self.shared.fold_releases(&mut st);
         let starved = st.credits.peer_may_be_starved();
         if let Some(first) = first {
             self.stamp(&mut st, first, batch);
-            while let (true, Some(outgoing)) = (batch.len() < self.shared.max_batch, &self.outgoing) {
-                match outgoing.try_recv() {
-                    Ok(item) => self.stamp(&mut st, item, batch),
-                    Err(_) => break,
+            while batch.len() < self.shared.max_batch && self.outgoing.is_some() {
+                match self.shared.tx.try_pop() {
+                    Some(item) => self.stamp(&mut st, item, batch),
+                    None => break,
                 }
             }
         }
@@ -290,7 +293,7 @@ impl Driver {
                 if st.receiver_gone {
                     drop(buf);
                     let _ = st.credits.release();
-                } else if self.shared.delivered_tx.try_send(Delivery::Msg(buf, imm)).is_err() {
+                } else if self.shared.delivered.push(Delivery::Msg(buf, imm)).is_err() {
                     // Credits make this impossible; a full queue means the
                     // peer overran its window.
                     drop(st);
@@ -308,6 +311,7 @@ impl Driver {
                 return Err(self.fail(ConnError::Unsupported("rendezvous")));
             }
         }
+        self.shared.fold_releases(&mut st);
         let goodbye_due = st.local_closed && !st.goodbye_sent;
         if st.credits.wants_credit_frame() || (goodbye_due && header.credits > 0) {
             self.shared.wake_writer(&mut st);

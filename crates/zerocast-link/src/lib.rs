@@ -28,6 +28,7 @@
 mod conn;
 mod driver;
 mod link;
+mod queue;
 mod recv;
 mod repost;
 mod shared;
@@ -76,9 +77,8 @@ pub type Reposts = crossbeam_channel::Receiver<Option<Buf>>;
 pub fn new(setup: LinkSetup) -> Result<(Link, Driver, Option<Reposts>), ConnError> {
     let credits = Credits::new(setup.config.recv_window, setup.peer_hello.window)?;
     let max_message = setup.config.max_payload.min(setup.peer_hello.max_payload) as usize;
-    let (shared, outgoing, reposts) = shared::Shared::new(setup, credits, max_message);
-    let shared = Arc::new(shared);
-    let driver = Driver::new(shared, outgoing);
+    let (shared, reposts) = shared::Shared::new(setup, credits, max_message);
+    let driver = Driver::new(Arc::new(shared));
     Ok((Link::new(driver.reader()), driver, reposts))
 }
 

@@ -1,16 +1,16 @@
 //! The application's side of a connection.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{RecvTimeoutError, TryRecvError, TrySendError};
 use zerocast_core::credit::CreditStats;
 use zerocast_core::{ConnError, Endpoint, RecvError, SendError};
 use zerocast_mem::{Buf, Pool, PoolError, Wait};
 
+use crate::queue::PushError;
 use crate::recv::RecvBuf;
-use crate::shared::{Delivery, Outgoing, Shared};
+use crate::shared::{Delivery, Outgoing, Shared, State};
 use crate::source::{AppReading, Pumped};
 use crate::Driver;
 
@@ -108,6 +108,7 @@ impl Link {
         }
         let mut st = self.shared.lock();
         let mut polled = false;
+        let mut source_done = false;
         let reservation = loop {
             if let Some(e) = &st.failed {
                 return Err(SendError::Failed(buf, e.clone()));
@@ -129,14 +130,16 @@ impl Link {
                         let _ = self.reader.pump_as(None, false);
                         st = self.shared.lock();
                     }
-                    None => return Err(SendError::Full(buf)),
-                    Some(None) => st = self.shared.wait_cv(st, None),
-                    Some(Some(deadline)) => {
+                    None => {
+                        self.shared.fold_releases(&mut st);
+                        return Err(SendError::Full(buf));
+                    }
+                    Some(deadline) => {
                         let now = Instant::now();
-                        if now >= deadline {
+                        if deadline.is_some_and(|d| now >= d) {
                             return Err(SendError::Timeout(buf));
                         }
-                        st = self.shared.wait_cv(st, Some(deadline - now));
+                        st = self.await_credit(st, now, deadline, &mut source_done);
                     }
                 },
             }
@@ -158,13 +161,13 @@ impl Link {
             st.credits.cancel(reservation);
             return Err(SendError::Disconnected(buf));
         }
-        match self.shared.tx.try_send(Outgoing::Data(buf, reservation, tag)) {
+        match self.shared.tx.push(Outgoing::Data(buf, reservation, tag)) {
             Ok(()) => {
                 st.queued_data += 1;
                 Ok(())
             }
-            Err(TrySendError::Full(Outgoing::Data(buf, r, _)))
-            | Err(TrySendError::Disconnected(Outgoing::Data(buf, r, _))) => {
+            Err(PushError::Full(Outgoing::Data(buf, r, _)))
+            | Err(PushError::Closed(Outgoing::Data(buf, r, _))) => {
                 // The writer is gone (or, impossibly, its queue is full):
                 // give the credit back and the buffer to the caller.
                 st.credits.cancel(r);
@@ -174,6 +177,47 @@ impl Link {
                 }
             }
             Err(_) => unreachable!("only Data is sent here"),
+        }
+    }
+
+    /// Wait for credit until `deadline`, with `st` locked at `now`.
+    ///
+    /// A connection whose backend lets any thread read it (see
+    /// [`crate::Source`]) is read on this thread, as a receive would: the
+    /// credits the peer returns then wake this very thread, not the
+    /// backend's reader thread, which would have to wake this one. When
+    /// another thread reads, or the source is over, wait to be told.
+    fn await_credit<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        now: Instant,
+        deadline: Option<Instant>,
+        source_done: &mut bool,
+    ) -> MutexGuard<'a, State> {
+        if *source_done || self.shared.source.0.get().is_none() {
+            return self.shared.wait_cv(st, deadline.map(|d| d - now));
+        }
+        // The peer may be waiting for these to send what frees our credit.
+        self.shared.fold_releases(&mut st);
+        drop(st);
+        let slice = now + Duration::from_millis(100);
+        let until = deadline.map_or(slice, |d| d.min(slice));
+        let pumped = {
+            let _reading = AppReading::enter(&self.shared.app_readers);
+            self.reader.pump_as(Some(until), false)
+        };
+        let st = self.shared.lock();
+        match pumped {
+            Some(Pumped::Frames | Pumped::Idle) => st,
+            Some(Pumped::Done) => {
+                *source_done = true;
+                st
+            }
+            // Another thread reads: its frames wake this one.
+            None if st.credits.is_blocked() && st.failed.is_none() && !st.local_closed => {
+                self.shared.wait_cv(st, Some(until.saturating_duration_since(Instant::now())))
+            }
+            None => st,
         }
     }
 
@@ -188,14 +232,14 @@ impl Link {
                 return r;
             }
         }
-        let d = match deadline {
-            None => self.shared.delivered_rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            Some(dl) => self.shared.delivered_rx.recv_deadline(dl),
-        };
-        match d {
-            Ok(d) => self.deliver(d),
-            Err(RecvTimeoutError::Timeout) => Err(RecvError::Timeout),
-            Err(RecvTimeoutError::Disconnected) => Err(RecvError::Disconnected),
+        if let Some(d) = self.shared.delivered.try_pop() {
+            return self.deliver(d);
+        }
+        // About to wait for the peer: it gets every credit released so far.
+        self.shared.fold_pending();
+        match self.shared.delivered.pop(deadline) {
+            Some(d) => self.deliver(d),
+            None => Err(RecvError::Timeout),
         }
     }
 
@@ -206,11 +250,10 @@ impl Link {
         let _reading = AppReading::enter(&self.shared.app_readers);
         let mut busy = 0;
         loop {
-            match self.shared.delivered_rx.try_recv() {
-                Ok(d) => return Some(self.deliver(d)),
-                Err(TryRecvError::Disconnected) => return Some(Err(RecvError::Disconnected)),
-                Err(TryRecvError::Empty) => {}
+            if let Some(d) = self.shared.delivered.try_pop() {
+                return Some(self.deliver(d));
             }
+            self.shared.fold_pending();
             // Wake up now and then even without a deadline: another thread
             // may take over the reading.
             let slice = Instant::now() + Duration::from_millis(100);
@@ -236,9 +279,9 @@ impl Link {
                 Pumped::Done => return None,
                 Pumped::Idle => {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Some(match self.shared.delivered_rx.try_recv() {
-                            Ok(d) => self.deliver(d),
-                            Err(_) => Err(RecvError::Timeout),
+                        return Some(match self.shared.delivered.try_pop() {
+                            Some(d) => self.deliver(d),
+                            None => Err(RecvError::Timeout),
                         });
                     }
                 }
@@ -251,16 +294,16 @@ impl Link {
     /// (see [`crate::Source`]): a loop of `try_recv` busy-polls the socket
     /// or CQ on the calling thread.
     pub fn try_recv(&self) -> Result<RecvBuf, RecvError> {
-        match self.shared.delivered_rx.try_recv() {
-            Ok(d) => return self.deliver(d),
-            Err(TryRecvError::Disconnected) => return Err(RecvError::Disconnected),
-            Err(TryRecvError::Empty) => {}
+        if let Some(d) = self.shared.delivered.try_pop() {
+            return self.deliver(d);
         }
         if self.shared.source.0.get().is_some() && self.reader.pump_as(None, false).is_some() {
-            if let Ok(d) = self.shared.delivered_rx.try_recv() {
+            if let Some(d) = self.shared.delivered.try_pop() {
                 return self.deliver(d);
             }
         }
+        // A polling receiver waits too, in its way.
+        self.shared.fold_pending();
         Err(RecvError::Empty)
     }
 
@@ -269,7 +312,7 @@ impl Link {
             Delivery::Msg(buf, imm) => Ok(RecvBuf::with_immediate(buf, self.shared.clone(), imm)),
             Delivery::End => {
                 // Put it back for any other receiver, then report why.
-                let _ = self.shared.delivered_tx.try_send(Delivery::End);
+                let _ = self.shared.delivered.push(Delivery::End);
                 match &self.shared.lock().failed {
                     Some(e) => Err(RecvError::Failed(e.clone())),
                     None => Err(RecvError::Disconnected),
@@ -293,11 +336,11 @@ impl Link {
     /// that arrive later, are released at once so the peer keeps its credit.
     pub fn close_receiver(&self) {
         self.shared.lock().receiver_gone = true;
-        while let Ok(d) = self.shared.delivered_rx.try_recv() {
+        while let Some(d) = self.shared.delivered.try_pop() {
             match d {
                 Delivery::Msg(buf, _) => drop(RecvBuf::new(buf, self.shared.clone())),
                 Delivery::End => {
-                    let _ = self.shared.delivered_tx.try_send(Delivery::End);
+                    let _ = self.shared.delivered.push(Delivery::End);
                     break;
                 }
             }
@@ -342,13 +385,14 @@ impl Link {
 
     /// Counters.
     pub fn stats(&self) -> LinkStats {
-        let st = self.shared.lock();
+        let mut st = self.shared.lock();
+        self.shared.fold_releases(&mut st);
         LinkStats {
             credits: st.credits.stats(),
             available: st.credits.available(),
             outstanding: st.credits.outstanding(),
             held: st.credits.held(),
-            queued: self.shared.delivered_rx.len(),
+            queued: self.shared.delivered.len(),
             direct_sends: st.direct_sends,
         }
     }

@@ -1,6 +1,6 @@
 //! State shared by the application handles and the backend's threads.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -8,6 +8,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use zerocast_core::{ConnError, Credits, Endpoint};
 use zerocast_mem::{Buf, Pool};
 
+use crate::queue::Queue;
 use crate::repost::{Repost, Reposted};
 use crate::source::SourceLock;
 use crate::wire::WireLock;
@@ -72,9 +73,10 @@ pub(crate) struct Shared {
     pub(crate) state: Mutex<State>,
     /// Senders waiting for credit (or for the writer queue to drain).
     pub(crate) credit_cv: Condvar,
-    pub(crate) tx: Sender<Outgoing>,
-    pub(crate) delivered_tx: Sender<Delivery>,
-    pub(crate) delivered_rx: Receiver<Delivery>,
+    /// Frames for the backend's writer.
+    pub(crate) tx: Queue<Outgoing>,
+    /// Messages for the application.
+    pub(crate) delivered: Queue<Delivery>,
     pub(crate) reposts: Option<Sender<Option<Buf>>>,
     pub(crate) pool: Pool,
     pub(crate) peer: Endpoint,
@@ -95,6 +97,11 @@ pub(crate) struct Shared {
     pub(crate) bg_pumping: AtomicBool,
     /// Pumps by application threads so far (see [`crate::StepAside`]).
     pub(crate) app_pumps: AtomicU64,
+    /// Received buffers released and not yet told to the credit machine
+    /// (see [`Shared::release_one`]).
+    released: AtomicU32,
+    /// Releases folded into the credit machine at once, at most.
+    release_batch: u32,
 }
 
 impl Shared {
@@ -102,12 +109,12 @@ impl Shared {
         setup: LinkSetup,
         credits: Credits,
         max_message: usize,
-    ) -> (Shared, Receiver<Outgoing>, Option<Receiver<Option<Buf>>>) {
+    ) -> (Shared, Option<Receiver<Option<Buf>>>) {
         // Data items are bounded by reserved credits (at most the peer's
         // window); one Wake at a time; one End. So `try_send` never finds
         // these channels full.
-        let (tx, rx) = bounded(setup.peer_hello.window as usize + 2);
-        let (delivered_tx, delivered_rx) = bounded(setup.config.recv_window as usize + 1);
+        let tx = Queue::new(setup.peer_hello.window as usize + 2);
+        let delivered = Queue::new(setup.config.recv_window as usize + 1);
         let (reposts, reposts_rx) = if setup.repost {
             let (t, r) = bounded(setup.config.recv_window as usize);
             (Some(t), Some(r))
@@ -136,8 +143,7 @@ impl Shared {
             state: Mutex::new(state),
             credit_cv: Condvar::new(),
             tx,
-            delivered_tx,
-            delivered_rx,
+            delivered,
             reposts,
             pool: setup.pool,
             peer: setup.peer,
@@ -151,8 +157,10 @@ impl Shared {
             app_readers: AtomicUsize::new(0),
             bg_pumping: AtomicBool::new(false),
             app_pumps: AtomicU64::new(0),
+            released: AtomicU32::new(0),
+            release_batch: (setup.config.recv_window / 8).clamp(1, 32),
         };
-        (shared, rx, reposts_rx)
+        (shared, reposts_rx)
     }
 
     /// Wait on `credit_cv` (at most `timeout`), counted in `cv_waiters` so
@@ -162,6 +170,7 @@ impl Shared {
         mut st: MutexGuard<'a, State>,
         timeout: Option<Duration>,
     ) -> MutexGuard<'a, State> {
+        self.fold_releases(&mut st);
         st.cv_waiters += 1;
         let mut st = match timeout {
             None => self.credit_cv.wait(st).unwrap_or_else(|p| p.into_inner()),
@@ -181,7 +190,7 @@ impl Shared {
     pub(crate) fn wake_writer(&self, st: &mut State) {
         if !st.wake_queued {
             st.wake_queued = true;
-            let _ = self.tx.try_send(Outgoing::Wake);
+            let _ = self.tx.push(Outgoing::Wake);
         }
     }
 
@@ -208,10 +217,36 @@ impl Shared {
     }
 
     /// One received buffer was released (or reposted): return its credit.
+    ///
+    /// Counted in `released`, and folded into the credit machine (under the
+    /// state lock) a batch at a time: when [`Shared::release_batch`] are
+    /// pending, or nothing more is queued for the application, which then
+    /// may wait for the peer. Every thread that stamps frames or waits
+    /// folds first ([`Shared::fold_releases`]), so a pending credit never
+    /// holds up the peer while this side waits, and rides on the next frame.
     pub(crate) fn release_one(&self) {
-        let mut st = self.lock();
-        if st.credits.release().unwrap_or(false) {
-            self.wake_writer(&mut st);
+        let pending = self.released.fetch_add(1, Ordering::AcqRel) + 1;
+        if pending >= self.release_batch || self.delivered.is_empty() {
+            self.fold_releases(&mut self.lock());
+        }
+    }
+
+    /// Tell the credit machine of the pending releases, and wake the writer
+    /// if a credit frame is now due.
+    pub(crate) fn fold_releases(&self, st: &mut State) {
+        if self.released.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let n = self.released.swap(0, Ordering::AcqRel);
+        if st.credits.release_many(n).unwrap_or(false) {
+            self.wake_writer(st);
+        }
+    }
+
+    /// [`Shared::fold_releases`], taking the lock only if any is pending.
+    pub(crate) fn fold_pending(&self) {
+        if self.released.load(Ordering::Acquire) > 0 {
+            self.fold_releases(&mut self.lock());
         }
     }
 
@@ -228,7 +263,7 @@ impl Shared {
     pub(crate) fn end(&self, st: &mut State) {
         if !st.ended {
             st.ended = true;
-            let _ = self.delivered_tx.try_send(Delivery::End);
+            let _ = self.delivered.push(Delivery::End);
         }
         self.credit_cv.notify_all();
         self.wake_writer(st);

@@ -150,6 +150,7 @@ impl Shared {
             drop(w);
             return Err((st, buf, r));
         }
+        self.fold_releases(&mut st);
         let starved = st.credits.peer_may_be_starved();
         let stamp = st.credits.commit(r);
         st.direct_sends += 1;

@@ -44,8 +44,8 @@ pub(crate) struct Shard {
 
 #[derive(Debug)]
 pub(crate) struct ShardState {
-    /// Free-list indices, most recently released last.
-    entries: Vec<u32>,
+    /// Free-list entries, most recently released last.
+    entries: Vec<Entry>,
     /// Buffers taken through this cache minus buffers released into it:
     /// its share of the class's buffers in use.
     pub(crate) net_taken: i64,
@@ -106,7 +106,7 @@ fn with_cache<R>(
     f: impl FnOnce(&mut ShardState, &SizeClass) -> R,
 ) -> Option<R> {
     let class = &pool.classes[idx];
-    if class.layout.max_buffers() < MIN_CACHED {
+    if !class.cached {
         return None;
     }
     LOCAL
@@ -134,7 +134,7 @@ fn with_cache<R>(
 /// from the shared list when empty.
 pub(crate) fn take(pool: &Arc<PoolInner>, idx: usize) -> Option<Entry> {
     let cached = with_cache(pool, idx, |st, class| {
-        let half = capacity(class.layout.size) / 2;
+        let half = class.cache_cap / 2;
         if st.entries.is_empty() && class.depot_take(&mut st.entries, half) == 0 {
             while st.entries.len() < half {
                 match class.pop_free() {
@@ -143,9 +143,9 @@ pub(crate) fn take(pool: &Arc<PoolInner>, idx: usize) -> Option<Entry> {
                 }
             }
         }
-        let i = st.entries.pop()?;
+        let e = st.entries.pop()?;
         st.net_taken += 1;
-        Some(class.entry_of(i))
+        Some(e)
     });
     match cached {
         Some(e) => e,
@@ -158,13 +158,13 @@ pub(crate) fn take(pool: &Arc<PoolInner>, idx: usize) -> Option<Entry> {
 pub(crate) fn put(pool: &Arc<PoolInner>, idx: usize, entry: Entry) {
     let class = &pool.classes[idx];
     let cached = with_cache(pool, idx, |st, class| {
-        let cap = capacity(class.layout.size);
+        let cap = class.cache_cap;
         if st.entries.len() >= cap {
             // The oldest half goes; the warmest stay.
             class.depot_put(&st.entries[..cap / 2]);
             st.entries.drain(..cap / 2);
         }
-        st.entries.push(class.index_of(entry));
+        st.entries.push(entry);
         st.net_taken -= 1;
         // Read after this cache's lock was taken: a waiter that emptied
         // the cache before is seen here; one that comes later sees the

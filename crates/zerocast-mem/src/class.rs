@@ -112,12 +112,16 @@ pub(crate) enum Grow {
 #[derive(Debug)]
 pub(crate) struct SizeClass {
     pub(crate) layout: ClassLayout,
+    /// How many free buffers a thread cache keeps ([`crate::cache::capacity`]).
+    pub(crate) cache_cap: usize,
+    /// Whether threads cache this class (it can hold enough buffers).
+    pub(crate) cached: bool,
     free: ArrayQueue<Entry>,
     /// Free buffers moved out of thread caches in batches of
     /// half a cache, and refilled into them the same way: one
     /// lock per batch instead of one contended update per buffer.
     /// Preallocated for every buffer the class can hold.
-    depot: Mutex<Vec<u32>>,
+    depot: Mutex<Vec<Entry>>,
     /// Indexed by region key; `layout.max_regions` long.
     directory: Box<[RegionInfo]>,
     /// Owns the regions; slab key = region key. Its lock is the growth lock.
@@ -157,6 +161,8 @@ impl SizeClass {
         Self {
             layout,
             free: ArrayQueue::new(layout.max_buffers()),
+            cache_cap: crate::cache::capacity(layout.size),
+            cached: layout.max_buffers() >= crate::cache::MIN_CACHED,
             depot: Mutex::new(if layout.max_buffers() >= crate::cache::MIN_CACHED {
                 Vec::with_capacity(layout.max_buffers())
             } else {
@@ -179,7 +185,7 @@ impl SizeClass {
     pub(crate) fn try_take(&self) -> Option<Entry> {
         let e = match self.free.pop() {
             Some(e) => e,
-            None => self.entry_of(lock(&self.depot).pop()?),
+            None => lock(&self.depot).pop()?,
         };
         self.in_use.fetch_add(1, Ordering::Relaxed);
         Some(e)
@@ -187,20 +193,17 @@ impl SizeClass {
 
     /// Pop the shared free list (for a thread cache, which counts the
     /// buffer as taken itself).
-    pub(crate) fn pop_free(&self) -> Option<u32> {
-        match self.free.pop() {
-            Some(e) => Some(self.index_of(e)),
-            None => lock(&self.depot).pop(),
-        }
+    pub(crate) fn pop_free(&self) -> Option<Entry> {
+        self.free.pop().or_else(|| lock(&self.depot).pop())
     }
 
     /// Move a batch from a thread cache to the depot.
-    pub(crate) fn depot_put(&self, batch: &[u32]) {
+    pub(crate) fn depot_put(&self, batch: &[Entry]) {
         lock(&self.depot).extend_from_slice(batch);
     }
 
     /// Move up to `n` free buffers from the depot into `into`; how many.
-    pub(crate) fn depot_take(&self, into: &mut Vec<u32>, n: usize) -> usize {
+    pub(crate) fn depot_take(&self, into: &mut Vec<Entry>, n: usize) -> usize {
         let mut d = lock(&self.depot);
         let k = n.min(d.len());
         let from = d.len() - k;
@@ -210,8 +213,8 @@ impl SizeClass {
     }
 
     /// Push onto the shared free list (from a thread cache).
-    pub(crate) fn push_free(&self, idx: u32) {
-        let pushed = self.free.push(self.entry_of(idx));
+    pub(crate) fn push_free(&self, e: Entry) {
+        let pushed = self.free.push(e);
         // The queue holds every slot the class can ever have, so it is never full.
         debug_assert!(pushed.is_ok(), "free list overflow");
     }
@@ -385,18 +388,6 @@ impl SizeClass {
     /// Buffers not in use right now. Exact when nothing runs concurrently.
     pub(crate) fn buffers_free(&self) -> usize {
         (self.regions() * self.layout.slots_per_region).saturating_sub(self.buffers_in_use())
-    }
-
-    /// The free list's index of an entry: regions' slots numbered in a row.
-    pub(crate) fn index_of(&self, entry: Entry) -> u32 {
-        let (region, slot) = decode(entry);
-        // < max_buffers < u32::MAX (validated).
-        (region as usize * self.layout.slots_per_region + slot as usize) as u32
-    }
-
-    pub(crate) fn entry_of(&self, idx: u32) -> Entry {
-        let per = self.layout.slots_per_region;
-        encode((idx as usize / per) as u32, (idx as usize % per) as u32)
     }
 
     pub(crate) fn buffers_in_use(&self) -> usize {

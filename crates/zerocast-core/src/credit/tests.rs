@@ -337,3 +337,22 @@ fn hostile_peer_is_detected() {
     assert_eq!(b.on_receive(&forged), Err(CreditError::Duplicated { returned: 1, outstanding: 0 }));
     assert_eq!(b.release(), Err(CreditError::ReleaseUnderflow));
 }
+
+#[test]
+fn a_batch_of_releases_is_the_same_as_one_at_a_time() {
+    let data = |seq| Header::new(FrameKind::Data, 0, seq, 1);
+    let mut one = Credits::new(8, 8).unwrap();
+    let mut many = one.clone();
+    for seq in 0..6 {
+        one.on_receive(&data(seq)).unwrap();
+        many.on_receive(&data(seq)).unwrap();
+    }
+    let due: Vec<bool> = (0..5).map(|_| one.release().unwrap()).collect();
+    assert_eq!(due, [false, false, false, true, true], "due at half the window");
+    assert_eq!(many.release_many(0), Ok(false));
+    assert_eq!(many.release_many(5), Ok(true));
+    assert_eq!((many.held(), many.owed()), (one.held(), one.owed()));
+    assert_eq!(many.poll_credit_frame(), one.poll_credit_frame());
+    assert_eq!(many.release_many(2), Err(CreditError::ReleaseUnderflow), "one held, two released");
+    assert_eq!((many.held(), many.owed()), (1, 0), "a refused batch changes nothing");
+}

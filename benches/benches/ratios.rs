@@ -69,10 +69,18 @@ fn typed_vs_raw(uri: &str) -> Result<Pair, BoxError> {
     Ok((Box::new(TypedPipe::new(uri, template, n)?), Box::new(ZcPipe::new(uri, size, n)?)))
 }
 
+/// Messages ZeroMQ's PUSH/PULL pair queues in user space at its default
+/// high-water marks: 1,000 at the sender and 1,000 at the receiver (and
+/// more in the kernel's socket buffers, which zerocast's window counts).
 #[cfg(feature = "zeromq")]
-fn zc_vs_zmq(size: usize) -> Result<Pair, BoxError> {
+const ZMQ_QUEUED: u32 = 2000;
+
+/// zerocast with a receive window of `window` messages against ZeroMQ.
+#[cfg(feature = "zeromq")]
+fn zc_vs_zmq(size: usize, window: u32) -> Result<Pair, BoxError> {
     let n = msgs_per_batch(size);
-    Ok((Box::new(ZcPipe::new(TCP, size, n)?), Box::new(zerocast_benches::ZmqPipe::new(size, n)?)))
+    let link = bench_link().with_recv_window(window);
+    Ok((Box::new(ZcPipe::with_link(TCP, size, n, link)?), Box::new(zerocast_benches::ZmqPipe::new(size, n)?)))
 }
 
 const CASES: &[Case] = &[
@@ -100,12 +108,22 @@ const CASES: &[Case] = &[
         goal: Some(5.0),
         make: || zc_vs_raw(64, Baseline::Naive),
     },
+    // The same buffering on both sides: zerocast's window is what ZeroMQ
+    // queues at its default high-water marks.
     #[cfg(feature = "zeromq")]
     Case {
         name: "zmq_push_pull/64B",
         what: "zerocast / ZeroMQ PUSH/PULL (msg/s)",
         goal: Some(1.0),
-        make: || zc_vs_zmq(64),
+        make: || zc_vs_zmq(64, ZMQ_QUEUED),
+    },
+    // The benches' usual window, an eighth of that, for reference.
+    #[cfg(feature = "zeromq")]
+    Case {
+        name: "zmq_push_pull/64B/window256",
+        what: "zerocast (window 256) / ZeroMQ PUSH/PULL",
+        goal: None,
+        make: || zc_vs_zmq(64, zerocast_benches::WINDOW),
     },
     Case {
         name: "typed_vs_raw/tcp/60B",

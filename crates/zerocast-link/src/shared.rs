@@ -284,3 +284,79 @@ impl<T> std::fmt::Debug for Hook<T> {
         f.write_str(if self.0.get().is_some() { "Hook(installed)" } else { "Hook(none)" })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use zerocast_core::{Endpoint, FrameKind, Header, LinkConfig, RecvError};
+    use zerocast_mem::{Pool, PoolConfig, Wait};
+
+    use crate::{hello_for, Driver, Link, LinkSetup};
+
+    /// A stream link of `window` receive buffers, driven by hand: the
+    /// test is its backend.
+    fn open(window: u32) -> (Link, Driver) {
+        let config = LinkConfig::default().with_recv_window(window);
+        let setup = LinkSetup {
+            config,
+            peer_hello: hello_for(&config, 4096),
+            pool: Pool::unregistered(PoolConfig::default()).unwrap(),
+            peer: Endpoint::parse("tcp://127.0.0.1:1").unwrap(),
+            repost: false,
+        };
+        let (link, driver, _) = crate::new(setup).unwrap();
+        (link, driver)
+    }
+
+    fn arrive(link: &Link, driver: &Driver, seqs: std::ops::Range<u32>) {
+        for seq in seqs {
+            let buf = link.pool().alloc(10, Wait::No).unwrap();
+            driver.on_frame(Header::new(FrameKind::Data, 0, seq, 10), Some(buf)).unwrap();
+        }
+    }
+
+    /// (owed to the peer, held by the application) in the credit machine.
+    fn credits(driver: &Driver) -> (u32, u32) {
+        let st = driver.shared.lock();
+        (st.credits.owed(), st.credits.held())
+    }
+
+    #[test]
+    fn releases_fold_a_batch_at_a_time_while_messages_are_queued() {
+        // A window of 64: batches of 8.
+        let (link, driver) = open(64);
+        arrive(&link, &driver, 0..20);
+        let mut taken: Vec<_> = (0..9).map(|_| link.recv(None).unwrap()).collect();
+        let last = taken.pop().unwrap();
+        let eighth = taken.pop().unwrap();
+        drop(taken);
+        assert_eq!(credits(&driver), (0, 20), "seven pending while eleven are queued");
+        drop(eighth);
+        assert_eq!(credits(&driver), (8, 12), "the eighth folds the batch");
+        drop(last);
+        assert_eq!(credits(&driver), (8, 12));
+        // Once nothing is queued, each release folds at once.
+        let rest: Vec<_> = (0..11).map(|_| link.recv(None).unwrap()).collect();
+        drop(rest);
+        assert_eq!(credits(&driver), (20, 0));
+    }
+
+    #[test]
+    fn a_receiver_about_to_wait_returns_every_pending_credit() {
+        let (link, driver) = open(64);
+        arrive(&link, &driver, 0..3);
+        drop(link.recv(None).unwrap());
+        let (b, c) = (link.recv(None).unwrap(), link.recv(None).unwrap());
+        assert_eq!(credits(&driver), (0, 3), "released while two were queued: pending");
+        assert!(matches!(link.recv(Some(Instant::now())), Err(RecvError::Timeout)));
+        assert_eq!(credits(&driver), (1, 2), "folded before the receive waited");
+        drop(b);
+        assert_eq!(credits(&driver), (2, 1), "nothing queued: folded at once");
+        arrive(&link, &driver, 3..5);
+        drop(c);
+        assert_eq!(credits(&driver), (2, 3), "pending again");
+        assert!(matches!(link.stats(), s if s.held == 2), "stats fold too");
+        assert_eq!(credits(&driver), (3, 2));
+    }
+}

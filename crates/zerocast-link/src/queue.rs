@@ -111,11 +111,6 @@ impl<T> Queue<T> {
             };
         };
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
-        // A notification this consumer took but did not need (it timed
-        // out, or another consumer took the item) goes on to the next.
-        if item.is_none() && !self.items.is_empty() {
-            self.cv.notify_one();
-        }
         item
     }
 

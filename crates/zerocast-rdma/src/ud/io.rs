@@ -4,9 +4,10 @@
 //! Ownership follows the verbs contract: a posted receive buffer sits in
 //! the receive table under its `wr_id` until its completion is polled; a
 //! sent buffer (and the address handle it was sent with) sits in the send
-//! table until its completion is polled. Every send is signalled; senders
-//! reap the send CQ as they go. Receivers poll the receive CQ themselves,
-//! one at a time, sleeping on its completion channel.
+//! ring until a completion for it or a later send is polled (see `tx`).
+//! Senders reap the send CQ as they go. Receivers poll the receive CQ
+//! themselves, one at a time and a batch of completions per poll, sleeping
+//! on its completion channel.
 
 use std::mem::MaybeUninit;
 use std::ptr;
@@ -14,10 +15,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rdma_sys::{ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status, ibv_wr_opcode};
+use rdma_sys::{
+    ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_flags, ibv_wc_status, ibv_wr_opcode,
+};
 use zerocast_core::HEADER_LEN;
 use zerocast_mem::{Buf, Pool, Wait};
 
+use super::tx::TxRing;
 use super::UdError;
 use crate::device::ProtectionDomain;
 use crate::rc::wc_status_name;
@@ -25,6 +29,8 @@ use crate::verbs::{AddressHandle, CompletionQueue, HeaderSlab, QueuePair};
 
 /// Send completions taken per `ibv_poll_cq` call.
 const REAP_BATCH: usize = 16;
+/// Receive completions taken per `ibv_poll_cq` call.
+const RECV_BATCH: usize = 16;
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -36,14 +42,36 @@ struct RxTable {
     free: Vec<u32>,
 }
 
-/// One send in flight: its payload and the AH it was sent with.
-type InFlight = (Buf, Arc<AddressHandle>);
-
-#[derive(Debug)]
-struct TxTable {
-    slots: Vec<Option<InFlight>>,
-    free: Vec<u32>,
+/// Receive completions polled and not yet handed out, with their buffers.
+/// Owned by whichever receiver holds [`Io::rx_turn`].
+pub(super) struct RxBatch {
+    wcs: [MaybeUninit<ibv_wc>; RECV_BATCH],
+    bufs: [Option<Buf>; RECV_BATCH],
+    next: usize,
+    len: usize,
 }
+
+impl RxBatch {
+    fn new() -> Self {
+        Self { wcs: [const { MaybeUninit::uninit() }; RECV_BATCH], bufs: Default::default(), next: 0, len: 0 }
+    }
+
+    /// Completion `i` of the batch, as handed out by [`Io::poll_recv`].
+    pub(super) fn wc(&self, i: usize) -> &ibv_wc {
+        assert!(i < self.len);
+        // SAFETY: the poll that filled this batch wrote its first `len` entries.
+        unsafe { self.wcs[i].assume_init_ref() }
+    }
+}
+
+impl std::fmt::Debug for RxBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxBatch").field("next", &self.next).field("len", &self.len).finish()
+    }
+}
+
+// SAFETY: `ibv_wc` is plain data (integers and a union of integers).
+unsafe impl Send for RxBatch {}
 
 /// Counters of the data path.
 #[derive(Debug, Default)]
@@ -62,6 +90,9 @@ pub(super) struct Route<'a> {
     pub(super) qkey: u32,
 }
 
+/// A [`Route`] that owns its address handle.
+pub(super) type OwnedRoute = (Arc<AddressHandle>, u32, u32);
+
 /// Everything the socket, its received datagrams and its rdma_cm thread
 /// share. Field order is drop order: the QP goes first, so no buffer in
 /// the tables is still in the device's hands when the tables drop.
@@ -72,9 +103,10 @@ pub(crate) struct Io {
     recv_cq: Arc<CompletionQueue>,
     send_hdr: HeaderSlab,
     rx: Mutex<RxTable>,
-    /// Receivers take turns polling the receive CQ.
-    pub(super) rx_turn: Mutex<()>,
-    tx: Mutex<TxTable>,
+    /// Receivers take turns polling the receive CQ, and share what a
+    /// poll took.
+    pub(super) rx_turn: Mutex<RxBatch>,
+    tx: Mutex<TxRing>,
     pub(super) pool: Pool,
     pub(super) pd: Arc<ProtectionDomain>,
     pub(super) port: u8,
@@ -125,11 +157,8 @@ impl Io {
                 slots: (0..sizes.recv_depth).map(|_| None).collect(),
                 free: (0..sizes.recv_depth as u32).rev().collect(),
             }),
-            rx_turn: Mutex::new(()),
-            tx: Mutex::new(TxTable {
-                slots: (0..sizes.send_depth).map(|_| None).collect(),
-                free: (0..sizes.send_depth as u32).rev().collect(),
-            }),
+            rx_turn: Mutex::new(RxBatch::new()),
+            tx: Mutex::new(TxRing::new(sizes.send_depth)),
             pool,
             pd: pd.clone(),
             port,
@@ -187,24 +216,23 @@ impl Io {
         self.closing.store(true, Relaxed);
     }
 
-    /// Poll one receive completion. `Some((buf, wc))` with the buffer's
-    /// length set to the bytes received; failed completions are counted,
-    /// reposted and skipped.
-    pub(super) fn poll_recv(&self, wc: &mut MaybeUninit<ibv_wc>) -> Result<Option<Buf>, UdError> {
+    /// The next receive completion: from `batch`, or from a fresh poll of
+    /// up to [`RECV_BATCH`]. `Some((buf, i))`: the buffer, its length set to
+    /// the bytes received, and its completion, `batch.wc(i)`. Failed
+    /// completions are counted, reposted and skipped; so are this socket's
+    /// own fences (see `post_fence`).
+    pub(super) fn poll_recv(&self, batch: &mut RxBatch) -> Result<Option<(Buf, usize)>, UdError> {
         loop {
-            let n =
-                self.recv_cq.poll(std::slice::from_mut(wc)).map_err(|e| UdError::verbs("ibv_poll_cq", e))?;
-            if n == 0 {
+            if batch.next == batch.len && !self.refill(batch)? {
                 return Ok(None);
             }
-            // SAFETY: the poll wrote one completion.
-            let w = unsafe { wc.assume_init_ref() };
-            let slot = w.wr_id as usize;
-            let buf = lock(&self.rx).slots.get_mut(slot).and_then(Option::take);
-            let Some(mut buf) = buf else {
+            let i = batch.next;
+            batch.next += 1;
+            let Some(mut buf) = batch.bufs[i].take() else {
+                let slot = batch.wc(i).wr_id;
                 return Err(UdError::Failed(format!("receive completion for unknown slot {slot}")));
             };
-            lock(&self.rx).free.push(slot as u32);
+            let w = batch.wc(i);
             if w.status != ibv_wc_status::IBV_WC_SUCCESS {
                 if !self.closing.load(Relaxed) {
                     self.counters.recv_errors.fetch_add(1, Relaxed);
@@ -213,9 +241,35 @@ impl Io {
                 self.repost(buf);
                 continue;
             }
+            if w.src_qp == self.qp.qp_num() && w.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 == 0 {
+                // A fence this socket sent itself: every datagram it sends
+                // carries an immediate.
+                self.repost(buf);
+                continue;
+            }
             buf.set_len((w.byte_len as usize).min(self.rx_len));
-            return Ok(Some(buf));
+            return Ok(Some((buf, i)));
         }
+    }
+
+    /// Poll a batch of receive completions and take their buffers out of
+    /// the receive table; `false` when there were none.
+    fn refill(&self, batch: &mut RxBatch) -> Result<bool, UdError> {
+        let n = self.recv_cq.poll(&mut batch.wcs).map_err(|e| UdError::verbs("ibv_poll_cq", e))?;
+        batch.next = 0;
+        batch.len = n;
+        if n == 0 {
+            return Ok(false);
+        }
+        let mut t = lock(&self.rx);
+        for i in 0..n {
+            let slot = batch.wc(i).wr_id as usize;
+            batch.bufs[i] = t.slots.get_mut(slot).and_then(Option::take);
+            if batch.bufs[i].is_some() {
+                t.free.push(slot as u32);
+            }
+        }
+        Ok(true)
     }
 
     /// Wait up to `ms` for a receive completion event (after arming).
@@ -230,9 +284,12 @@ impl Io {
         self.recv_cq.arm().map_err(|e| UdError::verbs("ibv_req_notify_cq", e))
     }
 
-    /// Free the slots of completed sends (their buffers go back to the pool).
-    fn reap(&self, t: &mut TxTable) {
+    /// Account for completed sends (their buffers go back to the pool).
+    fn reap(&self, t: &mut TxRing) {
         let mut wcs = [const { MaybeUninit::<ibv_wc>::uninit() }; REAP_BATCH];
+        if t.outstanding() == 0 {
+            return;
+        }
         loop {
             let n = match self.send_cq.poll(&mut wcs) {
                 Ok(n) => n,
@@ -244,11 +301,7 @@ impl Io {
             for wc in &wcs[..n] {
                 // SAFETY: the poll wrote the first `n` entries.
                 let wc = unsafe { wc.assume_init_ref() };
-                let slot = wc.wr_id as usize;
-                if let Some(entry) = t.slots.get_mut(slot).and_then(Option::take) {
-                    drop(entry);
-                    t.free.push(slot as u32);
-                }
+                t.complete_through(wc.wr_id);
                 if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
                     self.counters.send_errors.fetch_add(1, Relaxed);
                     tracing::debug!(status = wc_status_name(wc.status), "UD send failed");
@@ -261,12 +314,31 @@ impl Io {
     }
 
     /// Wait until every send posted so far has completed (or `deadline`).
-    pub(super) fn flush(&self, deadline: Instant) -> bool {
+    /// Sends after the last signalled one are followed by a fence, an
+    /// empty signalled send over `fence_route` (the socket itself), which
+    /// completes after them; without a route, the wait may end `false`.
+    pub(super) fn flush(&self, deadline: Instant, fence_route: &dyn Fn() -> Option<OwnedRoute>) -> bool {
+        let mut route = None;
         loop {
             let mut t = lock(&self.tx);
             self.reap(&mut t);
-            if t.free.len() == t.slots.len() {
+            if t.outstanding() == 0 {
                 return true;
+            }
+            if t.fence_due() && !t.is_full() {
+                drop(t);
+                if route.is_none() {
+                    route = fence_route();
+                }
+                t = lock(&self.tx);
+                if let Some((ah, qpn, qkey)) = &route {
+                    if t.fence_due() && !t.is_full() {
+                        let r = Route { ah, qpn: *qpn, qkey: *qkey };
+                        if let Err(e) = self.post(&mut t, None, None, &r, true) {
+                            tracing::debug!(error = %e.1, "posting a UD send fence failed");
+                        }
+                    }
+                }
             }
             drop(t);
             if Instant::now() >= deadline {
@@ -277,64 +349,99 @@ impl Io {
     }
 
     /// Post one datagram: `header` (unless raw) and the payload `buf`.
-    /// Waits for a free send slot until `deadline`.
+    /// Waits for a free send slot for up to `timeout` (the clock is read
+    /// only then: on some machines a clock read is a system call).
     pub(super) fn send(
         &self,
         buf: Buf,
         header: Option<[u8; HEADER_LEN]>,
         route: &Route<'_>,
-        deadline: Instant,
+        timeout: Duration,
     ) -> Result<(), (Buf, UdError)> {
         let mut t = lock(&self.tx);
-        let slot = loop {
+        // Poll only while a signalled send is out, and at most once per
+        // signalled send's worth of sends.
+        if t.awaits_completion() && t.outstanding() as u64 >= t.signal_every() {
             self.reap(&mut t);
-            if let Some(s) = t.free.pop() {
-                break s;
+        }
+        let mut deadline = None;
+        while t.is_full() {
+            self.reap(&mut t);
+            if !t.is_full() {
+                break;
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= *deadline.get_or_insert(now + timeout) {
                 return Err((buf, UdError::SendQueueFull(Duration::ZERO)));
             }
             drop(t);
             std::thread::yield_now();
             t = lock(&self.tx);
+        }
+        match self.post(&mut t, Some(buf), header, route, false) {
+            Ok(()) => {
+                self.counters.sent.fetch_add(1, Relaxed);
+                Ok(())
+            }
+            Err((buf, e)) => Err((buf.expect("a payload was given"), e)),
+        }
+    }
+
+    /// Post one send in the next slot of `t` (not full): a datagram, or,
+    /// with no header and no buffer, a fence (an empty send without
+    /// immediate data, which receivers of this socket skip).
+    fn post(
+        &self,
+        t: &mut TxRing,
+        buf: Option<Buf>,
+        header: Option<[u8; HEADER_LEN]>,
+        route: &Route<'_>,
+        force_signal: bool,
+    ) -> Result<(), (Option<Buf>, UdError)> {
+        let Some(r) = t.reserve(force_signal) else {
+            return Err((buf, UdError::SendQueueFull(Duration::ZERO)));
         };
         let mut sges = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 2];
         let mut n = 0;
         if let Some(h) = header {
-            self.send_hdr.write(slot as usize, &h);
+            self.send_hdr.write(r.slot, &h);
             sges[0] = ibv_sge {
-                addr: self.send_hdr.addr(slot as usize),
+                addr: self.send_hdr.addr(r.slot),
                 length: HEADER_LEN as u32,
                 lkey: self.send_hdr.lkey(),
             };
             n = 1;
         }
-        if !buf.is_empty() {
-            sges[n] = ibv_sge { addr: buf.addr(), length: buf.len() as u32, lkey: buf.keys().lkey };
+        if let Some(b) = buf.as_ref().filter(|b| !b.is_empty()) {
+            sges[n] = ibv_sge { addr: b.addr(), length: b.len() as u32, lkey: b.keys().lkey };
             n += 1;
         }
         // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = u64::from(slot);
+        wr.wr_id = r.seq;
         wr.sg_list = sges.as_mut_ptr();
         wr.num_sge = n as i32;
-        // With immediate data, the sender's QPN, as rdma_cm multicast peers expect.
-        wr.opcode = ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
-        wr.imm_data_invalidated_rkey_union.imm_data = self.qp.qp_num().to_be();
-        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        if buf.is_some() {
+            // With immediate data, the sender's QPN, as rdma_cm multicast peers expect.
+            wr.opcode = ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
+            wr.imm_data_invalidated_rkey_union.imm_data = self.qp.qp_num().to_be();
+        } else {
+            wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+        }
+        if r.signal {
+            wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
         wr.wr.ud = rdma_sys::ud_t { ah: route.ah.as_ptr(), remote_qpn: route.qpn, remote_qkey: route.qkey };
-        t.slots[slot as usize] = Some((buf, route.ah.clone()));
         // SAFETY: the SGEs point into the registered header slab (kept in
-        // `self`) and a registered pool buffer, which stays in the send table
-        // (with the AH) until this send's completion is polled.
+        // `self`) and a registered pool buffer, which the ring holds (with
+        // the AH) until a completion for this send or a later one is polled.
         match unsafe { self.qp.post_send(std::slice::from_mut(&mut wr)) } {
             Ok(()) => {
-                self.counters.sent.fetch_add(1, Relaxed);
+                t.posted(&r, Some((buf, route.ah.clone())));
                 Ok(())
             }
             Err((_, e)) => {
-                let (buf, _) = t.slots[slot as usize].take().expect("just stored");
-                t.free.push(slot);
+                t.unreserve(&r);
                 Err((buf, UdError::verbs("ibv_post_send", e)))
             }
         }

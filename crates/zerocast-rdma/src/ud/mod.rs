@@ -49,6 +49,7 @@ mod datagram;
 mod error;
 mod io;
 mod socket;
+mod tx;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -116,6 +117,14 @@ impl UdConfig {
     #[must_use]
     pub fn with_recv_depth(mut self, n: u32) -> Self {
         self.recv_depth = n;
+        self
+    }
+
+    /// Set the send depth: sends in flight at once. One in a quarter of
+    /// it (at most one in 32) is signalled.
+    #[must_use]
+    pub fn with_send_depth(mut self, n: u32) -> Self {
+        self.send_depth = n;
         self
     }
 

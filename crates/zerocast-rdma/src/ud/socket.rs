@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::mem::MaybeUninit;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, TryLockError};
@@ -17,7 +16,7 @@ use zerocast_mem::{Buf, Pool, PoolError, Wait};
 
 use super::cm::Cm;
 use super::datagram::{self, grh_source, UdDatagram, GRH_LEN};
-use super::io::{lock, Io, Route, Sizes};
+use super::io::{lock, Io, OwnedRoute, Route, Sizes};
 use super::{UdConfig, UdError, UdTransport, RDMA_UDP_QKEY};
 use crate::cm::{context_name, CmId, EventChannel};
 use crate::error::errno_from_rc;
@@ -262,10 +261,11 @@ impl UdSocket {
         let (qpn, qkey) = (d.qpn, d.qkey);
         drop(dests);
         let header = (!self.cfg.raw).then(|| datagram::header(seq, len, self.local.port()));
-        let deadline = Instant::now() + self.cfg.send_timeout;
-        self.io.send(buf, header, &Route { ah: &ah, qpn, qkey }, deadline).map_err(|(b, e)| match e {
-            UdError::SendQueueFull(_) => (b, UdError::SendQueueFull(self.cfg.send_timeout)),
-            e => (b, e),
+        self.io.send(buf, header, &Route { ah: &ah, qpn, qkey }, self.cfg.send_timeout).map_err(|(b, e)| {
+            match e {
+                UdError::SendQueueFull(_) => (b, UdError::SendQueueFull(self.cfg.send_timeout)),
+                e => (b, e),
+            }
         })
     }
 
@@ -404,7 +404,7 @@ impl UdSocket {
 
     fn recv(&self, mode: Mode) -> Result<(UdDatagram, SocketAddr), RecvError> {
         let failed = |e: UdError| RecvError::Failed(ConnError::transport(e));
-        let _turn = loop {
+        let mut batch = loop {
             match self.io.rx_turn.try_lock() {
                 Ok(g) => break g,
                 Err(TryLockError::Poisoned(p)) => break p.into_inner(),
@@ -419,14 +419,11 @@ impl UdSocket {
                 },
             }
         };
-        let mut wc = MaybeUninit::<ibv_wc>::uninit();
         let mut armed = false;
         loop {
-            if let Some(buf) = self.io.poll_recv(&mut wc).map_err(failed)? {
+            if let Some((buf, i)) = self.io.poll_recv(&mut batch).map_err(failed)? {
                 armed = false;
-                // SAFETY: `poll_recv` returned a buffer, so it wrote `wc`.
-                let w = unsafe { wc.assume_init_ref() };
-                if let Some(r) = self.accept(buf, w) {
+                if let Some(r) = self.accept(buf, batch.wc(i)) {
                     return Ok(r);
                 }
                 continue;
@@ -514,8 +511,28 @@ impl UdSocket {
     /// Wait until every datagram posted so far has completed at this end
     /// (its buffer back in the pool), or until `timeout`. Returns whether
     /// they all did.
+    ///
+    /// Sends are signalled selectively, so when the newest ones were not,
+    /// the flush posts a fence behind them: an empty send to this socket
+    /// itself, which its receivers skip. The first such flush resolves the
+    /// socket's own address through rdma_cm (within
+    /// [`UdConfig::resolve_timeout`]).
     pub fn flush(&self, timeout: Duration) -> bool {
-        self.io.flush(Instant::now() + timeout)
+        let deadline = Instant::now() + timeout;
+        self.io.flush(deadline, &|| self.own_route())
+    }
+
+    /// A route to this socket itself, for send fences.
+    fn own_route(&self) -> Option<OwnedRoute> {
+        let key = dest_key(&self.local);
+        if let Some(d) = lock(&self.dests).get(&key) {
+            return Some((d.ah.clone(), d.qpn, d.qkey));
+        }
+        if let Err(e) = self.add_route(&self.local) {
+            tracing::warn!(error = %e, "cannot resolve this UD socket's own address for a send fence");
+            return None;
+        }
+        lock(&self.dests).get(&key).map(|d| (d.ah.clone(), d.qpn, d.qkey))
     }
 
     /// Largest payload a datagram may carry: the active MTU less the

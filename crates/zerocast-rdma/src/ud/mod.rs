@@ -48,6 +48,7 @@ mod cm;
 mod datagram;
 mod error;
 mod io;
+mod peers;
 mod socket;
 mod tx;
 

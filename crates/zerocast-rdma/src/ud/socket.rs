@@ -17,6 +17,7 @@ use zerocast_mem::{Buf, Pool, PoolError, Wait};
 use super::cm::Cm;
 use super::datagram::{self, grh_source, UdDatagram, GRH_LEN};
 use super::io::{lock, Io, OwnedRoute, Route, Sizes};
+use super::peers::Peers;
 use super::{UdConfig, UdError, UdTransport, RDMA_UDP_QKEY};
 use crate::cm::{context_name, CmId, EventChannel};
 use crate::error::errno_from_rc;
@@ -71,9 +72,9 @@ pub struct UdSocket {
     max_datagram: usize,
     max_groups: u32,
     cfg: UdConfig,
-    dests: Mutex<HashMap<SocketAddr, Dest>>,
+    dests: Mutex<Peers<Dest>>,
     groups: Mutex<HashMap<IpAddr, Group>>,
-    sources: Mutex<HashMap<SocketAddr, SeqTracker>>,
+    sources: Mutex<Peers<SeqTracker>>,
     _transport: UdTransport,
 }
 
@@ -207,9 +208,9 @@ impl UdSocket {
                 cfg.max_groups.map_or(dev, |n| n.min(dev))
             },
             cfg,
-            dests: Mutex::new(HashMap::new()),
+            dests: Mutex::new(Peers::default()),
             groups: Mutex::new(HashMap::new()),
-            sources: Mutex::new(HashMap::new()),
+            sources: Mutex::new(Peers::default()),
             _transport: t.clone(),
         })
     }
@@ -245,7 +246,7 @@ impl UdSocket {
         }
         let key = dest_key(to);
         let mut dests = lock(&self.dests);
-        if !dests.contains_key(&key) {
+        if dests.get_mut(&key).is_none() {
             drop(dests);
             if let Err(e) = self.add_route(to) {
                 return Err((buf, e));
@@ -278,7 +279,12 @@ impl UdSocket {
         let ah =
             AddressHandle::new(&self.io.pd, &p.ah_attr).map_err(|e| UdError::verbs("ibv_create_ah", e))?;
         tracing::debug!(peer = %to, qpn = p.qpn, "ud peer resolved");
-        lock(&self.dests).entry(*to).or_insert(Dest { ah: Arc::new(ah), qpn: p.qpn, qkey: p.qkey, seq: 0 });
+        lock(&self.dests).get_or_insert_with(*to, || Dest {
+            ah: Arc::new(ah),
+            qpn: p.qpn,
+            qkey: p.qkey,
+            seq: 0,
+        });
         Ok(())
     }
 
@@ -483,7 +489,7 @@ impl UdSocket {
             }
         };
         let from = SocketAddr::new(ip, h.credits);
-        lock(&self.sources).entry(from).or_default().on_arrival(h.seq);
+        lock(&self.sources).get_or_insert_with(from, SeqTracker::default).on_arrival(h.seq);
         self.learn_route(from, wc, &grh);
         c.received.fetch_add(1, Relaxed);
         Some((UdDatagram::new(buf, GRH_LEN + HEADER_LEN, h.seq, self.io.clone()), from))
@@ -497,7 +503,7 @@ impl UdSocket {
             return;
         }
         let mut dests = lock(&self.dests);
-        if dests.get(&from).is_some_and(|d| d.qpn == wc.src_qp) {
+        if dests.get_mut(&from).is_some_and(|d| d.qpn == wc.src_qp) {
             return;
         }
         match AddressHandle::from_wc(&self.io.pd, wc, grh, self.io.port) {

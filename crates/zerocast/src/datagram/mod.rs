@@ -116,6 +116,9 @@ pub struct DatagramStats {
     pub dropped_malformed: u64,
 }
 
+// A socket is made once and lives long: its size does not matter, and
+// boxing either variant would only add a pointer chase per datagram.
+#[allow(clippy::large_enum_variant)]
 enum Flavor {
     Udp(UdpSocket),
     #[cfg(feature = "rdma")]

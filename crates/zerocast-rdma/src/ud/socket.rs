@@ -530,6 +530,11 @@ impl UdSocket {
 
     /// A route to this socket itself, for send fences.
     fn own_route(&self) -> Option<OwnedRoute> {
+        if self.local.ip().is_multicast() {
+            // Never the case (sockets bind to an interface), and a fence
+            // must not reach other members of a group.
+            return None;
+        }
         let key = dest_key(&self.local);
         if let Some(d) = lock(&self.dests).get(&key) {
             return Some((d.ah.clone(), d.qpn, d.qkey));

@@ -58,6 +58,7 @@ mod device;
 mod error;
 mod mr;
 mod rc;
+mod send_ring;
 mod srq;
 pub mod ud;
 mod verbs;

@@ -135,12 +135,7 @@ impl Io {
                 posted: 0,
                 closing: false,
             }),
-            send: Mutex::new(SendTable {
-                slots: (0..sizes.send_depth).map(|_| None).collect(),
-                head: 0,
-                tail: 0,
-                waiters: 0,
-            }),
+            send: Mutex::new(SendTable::new(sizes.send_depth)),
             send_cv: Condvar::new(),
             one_sided: one_sided::Table::new(),
             imm_ops: ImmOps::new(sizes.send_depth),

@@ -21,11 +21,16 @@ use rdma_sys::{
 use zerocast_core::HEADER_LEN;
 use zerocast_mem::{Buf, Pool, Wait};
 
-use super::tx::TxRing;
 use super::UdError;
 use crate::device::ProtectionDomain;
 use crate::rc::wc_status_name;
+use crate::send_ring::SendRing;
 use crate::verbs::{AddressHandle, CompletionQueue, HeaderSlab, QueuePair};
+
+/// One send in flight: its payload (none for a fence) and the AH it was
+/// sent with, both kept until the device is done with them.
+type InFlight = (Option<Buf>, Arc<AddressHandle>);
+type TxRing = SendRing<InFlight>;
 
 /// Send completions taken per `ibv_poll_cq` call.
 const REAP_BATCH: usize = 16;

@@ -50,7 +50,6 @@ mod error;
 mod io;
 mod peers;
 mod socket;
-mod tx;
 
 use std::sync::Arc;
 use std::time::Duration;

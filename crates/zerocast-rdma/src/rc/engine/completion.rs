@@ -84,7 +84,7 @@ pub(super) fn on_completion(io: &Io, driver: &Driver, wc: &ibv_wc) {
         }
     } else {
         let mut t = lock(&io.send);
-        t.complete_through(wc.wr_id);
+        t.ring.complete_through(wc.wr_id);
         if t.waiters > 0 {
             io.send_cv.notify_all();
         }

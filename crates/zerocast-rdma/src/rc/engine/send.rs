@@ -18,49 +18,29 @@ use zerocast_mem::Buf;
 use super::{lock, Io};
 use crate::rc::rendezvous::{Descriptor, DESC_LEN};
 use crate::rc::RcError;
+use crate::send_ring::{Reserved, SendRing};
 
-/// Sends in flight, as a ring: send number `seq` (its `wr_id`) lives in
-/// slot `seq % len` with its payload, from its post until a completion
-/// for it or a later send is polled. Only every [`SIGNAL_EVERY`]th send,
-/// and the last of each batch, is signalled: an RC send queue completes in
-/// order, so one completion accounts exactly for every send before it.
+/// Sends in flight: the ring (see [`SendRing`]) holds each payload the
+/// device still reads, and signals one send per quarter of the send depth
+/// (at most 32) plus the last of every batch that needs a completion (see
+/// [`post_batch`]).
 #[derive(Debug)]
 pub(super) struct SendTable {
-    pub(super) slots: Vec<Option<Buf>>,
-    /// Oldest send not yet known complete.
-    pub(super) head: u64,
-    /// Next send number.
-    pub(super) tail: u64,
+    pub(super) ring: SendRing<Buf>,
     /// Threads waiting on `Io::send_cv` for sends to complete: completions
     /// notify only when there are some (a notify is a system call).
     pub(super) waiters: u32,
 }
 
 impl SendTable {
+    pub(super) fn new(depth: usize) -> Self {
+        Self { ring: SendRing::new(depth), waiters: 0 }
+    }
+
     pub(super) fn outstanding(&self) -> usize {
-        (self.tail - self.head) as usize
-    }
-
-    fn slot(&self, seq: u64) -> usize {
-        (seq % self.slots.len() as u64) as usize
-    }
-
-    /// Sends up to and including `seq` completed: their payloads go back to
-    /// the pool (a lock-free push, fine under this lock).
-    pub(super) fn complete_through(&mut self, seq: u64) {
-        if seq < self.head || seq >= self.tail {
-            return;
-        }
-        for s in self.head..=seq {
-            let i = self.slot(s);
-            drop(self.slots[i].take());
-        }
-        self.head = seq + 1;
+        self.ring.outstanding()
     }
 }
-
-/// One signalled send per this many (plus the last of every batch).
-const SIGNAL_EVERY: u64 = 16;
 
 /// The send queue as a [`Wire`]: frames are posted by the writer thread,
 /// or by a sending thread itself (see [`zerocast_link::Wire`]).
@@ -74,7 +54,7 @@ pub(super) struct RcWire {
 struct Scratch {
     wrs: Vec<ibv_send_wr>,
     sges: Vec<[ibv_sge; 2]>,
-    slots: Vec<u64>,
+    reserved: Vec<Reserved>,
     inline: Vec<bool>,
 }
 
@@ -151,47 +131,63 @@ fn wait_send<'a>(io: &'a Io, mut t: MutexGuard<'a, SendTable>) -> MutexGuard<'a,
     t
 }
 
-/// Post `batch` as one chain, taking each payload into the send table (or
+/// Post `batch` as one chain, taking each payload into the send ring (or
 /// the rendezvous queue) until the device is done with it.
+///
+/// Signalling: the ring signals one send per quarter of its depth. The
+/// last of the batch is signalled too when something waits for its
+/// completion: a payload left in the ring (one not copied inline), or a
+/// frame that is not data (a goodbye, which the writer waits on before it
+/// disconnects, or a credit frame, which may follow it). A lone small
+/// message, copied inline, goes unsignalled, as `ib_send_lat` sends: no
+/// completion for the device to write or for a receiving thread to poll.
 fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(), RcError> {
-    let Scratch { wrs, sges, slots, inline } = scratch;
+    let Scratch { wrs, sges, reserved, inline } = scratch;
     wrs.clear();
     sges.clear();
-    slots.clear();
+    reserved.clear();
+    inline.clear();
     let n = batch.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let max_inline = io.qp.max_inline() as usize;
+    for f in batch.iter() {
+        inline.push(is_inline(io, f, max_inline));
+    }
+    let held = |(f, inl): (&Frame, &bool)| {
+        !*inl && !by_rendezvous(io, f) && f.payload.as_ref().is_some_and(|b| !b.is_empty())
+    };
+    let signal_last = batch.iter().zip(inline.iter()).any(held)
+        || batch.iter().any(|f| f.tag == 0 && f.header.kind != FrameKind::Data);
     // Take a slot per frame first, waiting while the send queue is full.
     {
         let mut t = lock(&io.send);
-        for _ in 0..n {
+        for i in 0..n {
             loop {
-                if t.outstanding() < t.slots.len() {
-                    slots.push(t.tail);
-                    t.tail += 1;
+                if let Some(r) = t.ring.reserve(signal_last && i + 1 == n) {
+                    reserved.push(r);
                     break;
                 }
                 if io.is_closing() {
                     // Nothing was posted: give the send numbers back.
-                    t.tail -= slots.len() as u64;
-                    slots.clear();
+                    if let Some(first) = reserved.first() {
+                        t.ring.unreserve_from(first.seq);
+                    }
                     return Ok(());
                 }
                 t = wait_send(io, t);
             }
         }
     }
-    let max_inline = io.qp.max_inline() as usize;
-    inline.clear();
-    let ring = lock(&io.send).slots.len() as u64;
     for (i, frame) in batch.iter().enumerate() {
-        let seq = slots[i];
-        let slot = (seq % ring) as usize;
+        let r = reserved[i];
         let len = frame.payload.as_ref().map_or(0, |b| b.len());
         let large = by_rendezvous(io, frame);
         if frame.tag != 0 {
             match io.imm_ops.take(frame.tag) {
                 Some(op) => {
-                    inline.push(len <= max_inline);
-                    wrs.push(write_imm_wr(seq, frame, op, sges, inline[i]));
+                    wrs.push(write_imm_wr(&r, frame, op, sges, inline[i]));
                     continue;
                 }
                 // Unreachable: every tag is taken once, here. Sent as a
@@ -199,84 +195,85 @@ fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
                 None => tracing::error!(tag = frame.tag, "write with immediate without its operation"),
             }
         }
-        inline.push(HEADER_LEN + if large { DESC_LEN } else { len } <= max_inline);
         let header = match &frame.payload {
             Some(b) if large => {
-                io.send_desc.write(slot, &Descriptor::of(b).encode());
+                io.send_desc.write(r.slot, &Descriptor::of(b).encode());
                 let h = &frame.header;
                 Header::new(FrameKind::Rendezvous, h.credits, h.seq, DESC_LEN as u64)
             }
             _ => frame.header,
         };
-        io.send_hdr.write(slot, &header.encode());
+        io.send_hdr.write(r.slot, &header.encode());
         let hdr =
-            ibv_sge { addr: io.send_hdr.addr(slot), length: HEADER_LEN as u32, lkey: io.send_hdr.lkey() };
+            ibv_sge { addr: io.send_hdr.addr(r.slot), length: HEADER_LEN as u32, lkey: io.send_hdr.lkey() };
         let (payload, num) = match &frame.payload {
             _ if large => (
-                ibv_sge { addr: io.send_desc.addr(slot), length: DESC_LEN as u32, lkey: io.send_desc.lkey() },
+                ibv_sge {
+                    addr: io.send_desc.addr(r.slot),
+                    length: DESC_LEN as u32,
+                    lkey: io.send_desc.lkey(),
+                },
                 2,
             ),
-            Some(b) if !b.is_empty() => {
-                (ibv_sge { addr: b.addr(), length: b.len() as u32, lkey: b.keys().lkey }, 2)
-            }
+            Some(b) if len > 0 => (ibv_sge { addr: b.addr(), length: len as u32, lkey: b.keys().lkey }, 2),
             _ => (ibv_sge { addr: 0, length: 0, lkey: 0 }, 1),
         };
         sges.push([hdr, payload]);
         // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = seq;
+        wr.wr_id = r.seq;
         wr.num_sge = num;
         wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
-        wr.send_flags = send_flags(seq, i + 1 == n, inline[i]);
+        wr.send_flags = send_flags(&r, inline[i]);
         wrs.push(wr);
     }
     for i in 0..n {
         wrs[i].sg_list = sges[i].as_mut_ptr();
         wrs[i].next = if i + 1 < n { &mut wrs[i + 1] as *mut ibv_send_wr } else { ptr::null_mut() };
     }
-    // Buffers move into the in-flight table before the post, so a fast
-    // completion always finds them; a rendezvous payload waits for the
-    // peer's finish instead, in post order.
-    {
-        let mut t = lock(&io.send);
-        for (frame, &seq) in batch.iter_mut().zip(slots.iter()) {
-            let large = by_rendezvous(io, frame);
-            match frame.payload.take() {
-                Some(b) if large => io.rendezvous.push_outbound(b),
-                payload => {
-                    let i = t.slot(seq);
-                    t.slots[i] = payload;
-                }
-            }
+    // A rendezvous payload waits for the peer's finish, queued in post
+    // order before the post, so that finish always finds it.
+    for frame in batch.iter_mut().filter(|f| by_rendezvous(io, f)) {
+        if let Some(b) = frame.payload.take() {
+            io.rendezvous.push_outbound(b);
         }
     }
-    if n == 0 {
-        return Ok(());
+    // Posted under the ring's lock, so no completion of this chain is
+    // polled before its payloads are in the ring; until then they stay in
+    // `batch`, alive.
+    let mut t = lock(&io.send);
+    // SAFETY: the chain's SGEs point into the registered header and
+    // descriptor slabs (kept in `io`) and registered pool buffers, kept in
+    // `batch` during the call and in the send ring (or the rendezvous
+    // queue) after it until each completion is polled; inline payloads
+    // are copied by the call.
+    let result = unsafe { io.qp.post_send(wrs) };
+    let posted = match &result {
+        Ok(()) => n,
+        Err((posted, _)) => *posted,
+    };
+    for ((frame, r), &inl) in batch.iter_mut().zip(reserved.iter()).take(posted).zip(inline.iter()) {
+        // Inline data was copied by the post: that payload goes back to
+        // the pool when `batch` drops.
+        let keep = if inl { None } else { frame.payload.take() };
+        t.ring.posted(r, keep);
     }
-    // SAFETY: the chain's SGEs point into the registered header slab and
-    // registered pool buffers, both kept (slab in `io`, buffers in the
-    // send table) until each completion is polled.
-    if let Err((posted, e)) = unsafe { io.qp.post_send(wrs) } {
-        // The WRs from `posted` on never reached the queue: take their
-        // send numbers and buffers back. The posted ones complete (or
-        // flush once the connection fails and its QP enters the error state).
-        let mut t = lock(&io.send);
-        for &seq in &slots[posted..] {
-            let i = t.slot(seq);
-            drop(t.slots[i].take());
-        }
-        t.tail -= (n - posted) as u64;
+    if let Err((_, e)) = result {
+        // The WRs from `posted` on never reached the queue: give their
+        // numbers back. The posted ones complete (or flush once the
+        // connection fails and its QP enters the error state).
+        t.ring.unreserve_from(reserved[posted].seq);
         return Err(RcError::verbs("ibv_post_send", e));
     }
-    // Inline data was copied by the post: those buffers go back now.
-    if inline.iter().any(|&b| b) {
-        let mut t = lock(&io.send);
-        for (&seq, _) in slots.iter().zip(inline.iter()).filter(|(_, &b)| b) {
-            let i = t.slot(seq);
-            drop(t.slots[i].take());
-        }
-    }
     Ok(())
+}
+
+/// Whether the device copies `frame` into the work request at post time.
+/// A tagged frame (no header on the wire) is counted with one all the
+/// same, so the fallback that sends it as a plain message stays inline.
+fn is_inline(io: &Io, frame: &Frame, max_inline: usize) -> bool {
+    let len = frame.payload.as_ref().map_or(0, |b| b.len());
+    HEADER_LEN + if by_rendezvous(io, frame) { DESC_LEN } else { len } <= max_inline
 }
 
 /// Whether `frame` goes as a rendezvous request: a plain data frame larger
@@ -285,11 +282,10 @@ fn by_rendezvous(io: &Io, frame: &Frame) -> bool {
     frame.tag == 0 && frame.payload.as_ref().is_some_and(|b| io.rendezvous.is_large(b.len()))
 }
 
-/// Selective signalling: every [`SIGNAL_EVERY`]th send and the last of a
-/// batch are signalled.
-fn send_flags(seq: u64, last: bool, inline: bool) -> u32 {
+/// The flags of reserved send `r`: signalled as the ring decided.
+fn send_flags(r: &Reserved, inline: bool) -> u32 {
     let mut flags = 0;
-    if last || seq % SIGNAL_EVERY == SIGNAL_EVERY - 1 {
+    if r.signal {
         flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
     }
     if inline {
@@ -301,7 +297,7 @@ fn send_flags(seq: u64, last: bool, inline: bool) -> u32 {
 /// The work request of a tagged frame: an RDMA WRITE with immediate of its
 /// payload, with no zerocast header. Its SGE goes into `sges`.
 fn write_imm_wr(
-    seq: u64,
+    r: &Reserved,
     frame: &Frame,
     op: crate::rc::write_imm::ImmOp,
     sges: &mut Vec<[ibv_sge; 2]>,
@@ -315,13 +311,13 @@ fn write_imm_wr(
     sges.push([payload, none]);
     // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).
     let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-    wr.wr_id = seq;
+    wr.wr_id = r.seq;
     wr.num_sge = i32::from(payload.length > 0);
     wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
     wr.imm_data_invalidated_rkey_union.imm_data = op.imm.to_be();
     wr.wr.rdma.remote_addr = op.remote.addr;
     wr.wr.rdma.rkey = op.remote.rkey;
-    // Signalled like a send: it sits in the send table's ring.
-    wr.send_flags = send_flags(seq, false, inline);
+    // Signalled as the ring decided: it sits in the ring like a send.
+    wr.send_flags = send_flags(r, inline);
     wr
 }

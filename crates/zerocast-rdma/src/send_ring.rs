@@ -1,33 +1,26 @@
-//! The send side of a UD socket: the ring of sends in flight, with
-//! selective signalling.
+//! The ring of sends in flight, with selective signalling, shared by RC
+//! connections and UD sockets.
 //!
-//! Send number `seq` (its `wr_id`) lives in slot `seq % depth` with its
-//! payload and the address handle it was sent with, from its post until a
-//! completion for it or for a later send is polled: a send queue completes
-//! in order, so one completion accounts for every send before it. Only
-//! every [`TxRing::signal_every`]th send is signalled, so the device writes
-//! one completion, and a sender polls the CQ once, per that many sends
+//! Send number `seq` (its `wr_id`) lives in slot `seq % depth` with what
+//! the device still reads for it (its payload; for UD, the address handle
+//! too), from its post until a completion for it or for a later send is
+//! polled: a send queue completes in order, so one completion accounts for
+//! every send before it. Only every [`SendRing::signal_every`]th send is
+//! signalled, plus those a caller forces, so the device writes one
+//! completion, and a sender polls the CQ once, per that many sends
 //! (`ib_send_bw` does the same). A failed send completes with an error
 //! whether it was signalled or not, so no failure goes unseen.
 //!
 //! The sends after the last signalled one report nothing on their own.
-//! [`TxRing::fence_due`] says when a flush must post a signalled, empty
-//! send behind them (the socket sends it to itself, see
-//! `UdSocket::flush`) to learn that they are done.
-
-use std::sync::Arc;
-
-use zerocast_mem::Buf;
-
-use crate::verbs::AddressHandle;
-
-/// One send in flight: its payload (none for a fence) and the AH it was
-/// sent with, both kept until the device is done with them.
-type InFlight = (Option<Buf>, Arc<AddressHandle>);
+//! [`SendRing::fence_due`] says when a caller that must know they are done
+//! has to post a signalled send behind them (UD: a fence the socket sends
+//! to itself, see `UdSocket::flush`; RC: the last frame of a batch that
+//! leaves a payload in the ring, and every goodbye or credit frame, is
+//! signalled, so nothing waits on such a tail).
 
 #[derive(Debug)]
-pub(super) struct TxRing {
-    slots: Vec<Option<InFlight>>,
+pub(crate) struct SendRing<T> {
+    slots: Vec<Option<T>>,
     /// Oldest send not yet known complete.
     head: u64,
     /// Next send number.
@@ -36,23 +29,23 @@ pub(super) struct TxRing {
     last_signalled: Option<u64>,
 }
 
-impl TxRing {
-    pub(super) fn new(depth: usize) -> Self {
+impl<T> SendRing<T> {
+    pub(crate) fn new(depth: usize) -> Self {
         Self { slots: (0..depth.max(1)).map(|_| None).collect(), head: 0, tail: 0, last_signalled: None }
     }
 
     /// Signal one send per this many: a quarter of the ring (at most 32),
     /// so a full ring always holds a signalled send whose completion frees
     /// slots.
-    pub(super) fn signal_every(&self) -> u64 {
+    pub(crate) fn signal_every(&self) -> u64 {
         (self.slots.len() as u64 / 4).clamp(1, 32)
     }
 
-    pub(super) fn outstanding(&self) -> usize {
+    pub(crate) fn outstanding(&self) -> usize {
         (self.tail - self.head) as usize
     }
 
-    pub(super) fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.outstanding() == self.slots.len()
     }
 
@@ -60,19 +53,19 @@ impl TxRing {
     /// yet known complete (failed unsignalled sends complete too, but only
     /// after an earlier failure made the queue flush, which a signalled
     /// send or the fence also reports).
-    pub(super) fn awaits_completion(&self) -> bool {
+    pub(crate) fn awaits_completion(&self) -> bool {
         self.last_signalled.is_some_and(|s| s >= self.head)
     }
 
     /// Sends after the newest signalled one are outstanding: only a later
     /// signalled send can tell when they are done.
-    pub(super) fn fence_due(&self) -> bool {
+    pub(crate) fn fence_due(&self) -> bool {
         self.outstanding() > 0 && self.last_signalled.is_none_or(|s| s + 1 < self.tail)
     }
 
     /// Take the next send number and its slot; `None` when the ring is
     /// full. `signal`: whether this send must be signalled.
-    pub(super) fn reserve(&mut self, force_signal: bool) -> Option<Reserved> {
+    pub(crate) fn reserve(&mut self, force_signal: bool) -> Option<Reserved> {
         if self.is_full() {
             return None;
         }
@@ -82,9 +75,9 @@ impl TxRing {
         Some(Reserved { seq, slot: self.slot(seq), signal })
     }
 
-    /// The post of `r` succeeded: keep its payload and AH (`entry`) until
-    /// it completes.
-    pub(super) fn posted(&mut self, r: &Reserved, entry: Option<InFlight>) {
+    /// The post of `r` succeeded: keep `entry` (what the device still
+    /// reads) until it completes.
+    pub(crate) fn posted(&mut self, r: &Reserved, entry: Option<T>) {
         self.slots[r.slot] = entry;
         if r.signal {
             self.last_signalled = Some(r.seq);
@@ -92,15 +85,27 @@ impl TxRing {
     }
 
     /// The post of `r`, the newest reservation, failed: give its number back.
-    pub(super) fn unreserve(&mut self, r: &Reserved) {
+    pub(crate) fn unreserve(&mut self, r: &Reserved) {
         debug_assert_eq!(r.seq + 1, self.tail);
-        self.tail = r.seq;
+        self.unreserve_from(r.seq);
+    }
+
+    /// The sends numbered `seq` and after were reserved but never posted
+    /// (a chain whose post stopped there): give their numbers back, and
+    /// drop anything kept for them.
+    pub(crate) fn unreserve_from(&mut self, seq: u64) {
+        debug_assert!(self.head <= seq && seq <= self.tail);
+        for s in seq..self.tail {
+            let i = self.slot(s);
+            drop(self.slots[i].take());
+        }
+        self.tail = seq.max(self.head);
     }
 
     /// Sends up to and including `seq` completed: their payloads go back to
     /// the pool and their slots are free. Numbers outside the ring are
     /// ignored.
-    pub(super) fn complete_through(&mut self, seq: u64) {
+    pub(crate) fn complete_through(&mut self, seq: u64) {
         if seq < self.head || seq >= self.tail {
             return;
         }
@@ -118,10 +123,10 @@ impl TxRing {
 
 /// A send number taken from the ring, and where it lives.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Reserved {
-    pub(super) seq: u64,
-    pub(super) slot: usize,
-    pub(super) signal: bool,
+pub(crate) struct Reserved {
+    pub(crate) seq: u64,
+    pub(crate) slot: usize,
+    pub(crate) signal: bool,
 }
 
 #[cfg(test)]
@@ -129,7 +134,7 @@ mod tests {
     use super::*;
 
     /// Reserve and post a send with no payload (no device here).
-    fn post(t: &mut TxRing, force_signal: bool) -> Option<Reserved> {
+    fn post(t: &mut SendRing<()>, force_signal: bool) -> Option<Reserved> {
         let r = t.reserve(force_signal)?;
         t.posted(&r, None);
         Some(r)
@@ -137,7 +142,7 @@ mod tests {
 
     #[test]
     fn signals_a_quarter_of_the_ring_and_a_completion_frees_everything_before_it() {
-        let mut t = TxRing::new(16);
+        let mut t = SendRing::<()>::new(16);
         assert_eq!(t.signal_every(), 4);
         let sig: Vec<bool> = (0..8).map(|_| post(&mut t, false).unwrap().signal).collect();
         assert_eq!(sig, [false, false, false, true, false, false, false, true]);
@@ -155,7 +160,7 @@ mod tests {
 
     #[test]
     fn trailing_unsignalled_sends_need_a_fence() {
-        let mut t = TxRing::new(8);
+        let mut t = SendRing::<()>::new(8);
         // signal_every is 2: send 1 is signalled, send 2 is not.
         for _ in 0..3 {
             post(&mut t, false);
@@ -173,7 +178,7 @@ mod tests {
     #[test]
     fn a_full_ring_always_holds_a_signalled_send() {
         for depth in [1, 2, 3, 5, 8, 128, 1000] {
-            let mut t = TxRing::new(depth);
+            let mut t = SendRing::<()>::new(depth);
             while post(&mut t, false).is_some() {}
             assert!(t.is_full() && t.awaits_completion(), "depth {depth}");
         }
@@ -181,10 +186,23 @@ mod tests {
 
     #[test]
     fn a_failed_post_gives_its_number_back() {
-        let mut t = TxRing::new(4);
+        let mut t = SendRing::<()>::new(4);
         let r = t.reserve(false).unwrap();
         t.unreserve(&r);
         assert_eq!(t.outstanding(), 0);
         assert_eq!(t.reserve(false).unwrap().seq, 0);
+    }
+
+    #[test]
+    fn a_chain_that_stopped_half_way_gives_the_rest_back() {
+        let mut t = SendRing::<u32>::new(8);
+        let rs: Vec<Reserved> = (0..4).map(|_| t.reserve(false).unwrap()).collect();
+        t.posted(&rs[0], Some(10));
+        t.posted(&rs[1], Some(11));
+        t.unreserve_from(rs[2].seq);
+        assert_eq!(t.outstanding(), 2);
+        assert_eq!(t.reserve(false).unwrap().seq, 2, "numbers 2 and 3 come back");
+        t.complete_through(1);
+        assert_eq!(t.outstanding(), 1);
     }
 }

@@ -186,14 +186,28 @@ pub enum MalformedDatagram {
 /// the header of a well-formed `Data` datagram whose length matches what
 /// arrived. Every datagram backend (UDP, RDMA UD) drops what this refuses.
 pub fn check_datagram(datagram: &[u8], max_payload: usize) -> Result<Header, MalformedDatagram> {
-    if datagram.len() > HEADER_LEN + max_payload {
-        return Err(MalformedDatagram::Oversize { len: datagram.len() });
+    check_parts(datagram, datagram.len(), max_payload)
+}
+
+/// [`check_datagram`] for a datagram whose header follows its payload: RDMA
+/// UD puts it there, in the spare room of the payload's own buffer, so a
+/// send gathers one scatter entry instead of two.
+pub fn check_datagram_trailer(datagram: &[u8], max_payload: usize) -> Result<Header, MalformedDatagram> {
+    let (_, trailer) = datagram.split_at(datagram.len().saturating_sub(HEADER_LEN));
+    check_parts(trailer, datagram.len(), max_payload)
+}
+
+/// The checks on `header` (its bytes, perhaps more) of a datagram of `len`
+/// bytes in all.
+fn check_parts(header: &[u8], len: usize, max_payload: usize) -> Result<Header, MalformedDatagram> {
+    if len > HEADER_LEN + max_payload {
+        return Err(MalformedDatagram::Oversize { len });
     }
-    let h = Header::decode(datagram, max_payload as u64)?;
+    let h = Header::decode(header, max_payload as u64)?;
     if h.kind != FrameKind::Data {
         return Err(MalformedDatagram::Kind(h.kind));
     }
-    let actual = datagram.len() - HEADER_LEN;
+    let actual = len - HEADER_LEN;
     if h.len != actual as u64 {
         return Err(MalformedDatagram::LenMismatch { announced: h.len, actual });
     }

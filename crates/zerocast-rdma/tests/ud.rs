@@ -66,6 +66,35 @@ fn unicast_roundtrip_and_reply() {
 
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn a_full_send_buffer_goes_with_the_header_from_a_slot_and_arrives_the_same() {
+    let t = transport();
+    let (a, b) = (bind(&t), bind(&t));
+    let to = b.local_addr();
+    // A buffer whose payload fills its capacity has no room for the header
+    // behind it: the send gathers the header from a slot instead. Both
+    // shapes arrive as the same datagram.
+    for (i, fill) in [false, true, false].into_iter().enumerate() {
+        let mut buf = a.alloc(40, None).expect("alloc");
+        assert!(buf.capacity() >= 40 + 16, "alloc leaves room for the header");
+        if fill {
+            let cap = buf.capacity();
+            assert!(cap <= a.max_datagram(), "the smallest class ({cap} B) fits a datagram");
+            buf.set_len(cap);
+        }
+        let len = buf.len();
+        for (j, byte) in buf.iter_mut().enumerate() {
+            *byte = (i * 31 + j) as u8;
+        }
+        a.send_to(buf, &to).map_err(|(_, e)| e).expect("send");
+        let (d, from) = b.recv_from(soon()).expect("receive");
+        assert_eq!((d.len(), d.seq(), from), (len, i as u32, a.local_addr()), "datagram {i}");
+        assert!(d.iter().enumerate().all(|(j, &byte)| byte == (i * 31 + j) as u8), "datagram {i}");
+    }
+    assert_eq!(b.stats().dropped_malformed, 0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
 fn flush_fences_the_unsignalled_tail_and_every_send_buffer_comes_back() {
     let t = transport();
     // A send depth of 16 signals one send in 4: of 7 sends, the fourth is

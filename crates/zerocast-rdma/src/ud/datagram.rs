@@ -105,11 +105,12 @@ pub fn grh_source(grh: &[u8; GRH_LEN]) -> Option<IpAddr> {
     None
 }
 
-/// Check what follows the GRH: the header of a well-formed `Data` datagram.
-pub(super) use zerocast_core::check_datagram as check;
+/// Check what follows the GRH: a payload, then the header of a well-formed
+/// `Data` datagram (the header trails, see `Io::post`).
+pub(super) use zerocast_core::check_datagram_trailer as check;
 
-/// The header in front of a `len`-byte payload. Its credit field carries
-/// the sender's rdma_cm port, so a receiver can name (and answer) it.
+/// The header of a `len`-byte payload, sent behind it. Its credit field
+/// carries the sender's rdma_cm port, so a receiver can name (and answer) it.
 pub(super) fn header(seq: u32, len: usize, port: u16) -> [u8; HEADER_LEN] {
     Header::new(FrameKind::Data, port, seq, len as u64).encode()
 }
@@ -139,14 +140,17 @@ mod tests {
     }
 
     #[test]
-    fn headers_are_checked() {
-        let mut d = header(7, 3, 4791).to_vec();
-        d.extend_from_slice(b"abc");
+    fn headers_trail_and_are_checked() {
+        let mut d = b"abc".to_vec();
+        d.extend_from_slice(&header(7, 3, 4791));
         let h = check(&d, 100).unwrap();
         assert_eq!((h.seq, h.len, h.credits), (7, 3, 4791));
         assert_eq!(check(&d, 2), Err(Malformed::Oversize { len: d.len() }));
-        d.push(0);
+        d.insert(0, 0);
         assert_eq!(check(&d, 100), Err(Malformed::LenMismatch { announced: 3, actual: 4 }));
+        let mut leading = header(7, 3, 4791).to_vec();
+        leading.extend_from_slice(b"abc");
+        assert!(check(&leading, 100).is_err(), "a header in front is not a datagram of this wire");
         assert!(matches!(check(b"short", 100), Err(Malformed::Frame(FrameError::Truncated { .. }))));
         let c = Header::new(FrameKind::Control, 0, 0, 0).encode();
         assert_eq!(check(&c, 100), Err(Malformed::Kind(FrameKind::Control)));

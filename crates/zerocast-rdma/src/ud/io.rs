@@ -406,19 +406,31 @@ impl Io {
         let Some(r) = t.reserve(force_signal) else {
             return Err((buf, UdError::SendQueueFull(Duration::ZERO)));
         };
+        // The payload, then the header: in the spare room of the payload's
+        // buffer when there is some (one scatter entry, as `ib_send_bw`
+        // posts), else from the header slab (two).
+        let mut buf = buf;
+        let mut trailer_in_buf = false;
+        if let (Some(b), Some(h)) = (buf.as_mut(), header.as_ref()) {
+            if let Some(room) = b.spare_capacity().get_mut(..HEADER_LEN) {
+                room.copy_from_slice(h);
+                trailer_in_buf = true;
+            }
+        }
         let mut sges = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 2];
         let mut n = 0;
-        if let Some(h) = header {
+        if let Some(b) = buf.as_ref().filter(|b| !b.is_empty() || trailer_in_buf) {
+            let len = b.len() + if trailer_in_buf { HEADER_LEN } else { 0 };
+            sges[0] = ibv_sge { addr: b.addr(), length: len as u32, lkey: b.keys().lkey };
+            n = 1;
+        }
+        if let Some(h) = header.filter(|_| !trailer_in_buf) {
             self.send_hdr.write(r.slot, &h);
-            sges[0] = ibv_sge {
+            sges[n] = ibv_sge {
                 addr: self.send_hdr.addr(r.slot),
                 length: HEADER_LEN as u32,
                 lkey: self.send_hdr.lkey(),
             };
-            n = 1;
-        }
-        if let Some(b) = buf.as_ref().filter(|b| !b.is_empty()) {
-            sges[n] = ibv_sge { addr: b.addr(), length: b.len() as u32, lkey: b.keys().lkey };
             n += 1;
         }
         // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).
@@ -437,9 +449,10 @@ impl Io {
             wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
         }
         wr.wr.ud = rdma_sys::ud_t { ah: route.ah.as_ptr(), remote_qpn: route.qpn, remote_qkey: route.qkey };
-        // SAFETY: the SGEs point into the registered header slab (kept in
-        // `self`) and a registered pool buffer, which the ring holds (with
-        // the AH) until a completion for this send or a later one is polled.
+        // SAFETY: the SGEs point into a registered pool buffer (its payload,
+        // and a trailer only within its capacity) and the registered header
+        // slab (kept in `self`); the ring holds the buffer (with the AH)
+        // until a completion for this send or a later one is polled.
         match unsafe { self.qp.post_send(std::slice::from_mut(&mut wr)) } {
             Ok(()) => {
                 t.posted(&r, Some((buf, route.ah.clone())));

@@ -39,10 +39,14 @@
 //!
 //! # Buffers
 //!
-//! A receive takes a pool buffer of GRH + MTU bytes; the received
-//! [`UdDatagram`] is that buffer, exposed from the payload on, and
-//! dropping it posts it again. A send gathers a registered 16-byte header
-//! slot and the pool buffer, so no payload byte is copied either way.
+//! On the wire a datagram is its payload, then zerocast's 16-byte header.
+//! A send buffer from [`UdSocket::alloc`] has room for the header behind
+//! the payload, so a send is one scatter entry, as `ib_send_bw`'s are; a
+//! buffer without that room is sent with the header from a registered
+//! slot, as a second entry. A receive takes a pool buffer of GRH + MTU
+//! bytes; the received [`UdDatagram`] is that buffer, exposed as its
+//! payload only, and dropping it posts it again. No payload byte is copied
+//! either way.
 
 mod cm;
 mod datagram;

@@ -219,7 +219,12 @@ impl UdSocket {
     /// waiting for one until `deadline` if the pool is at its cap. The
     /// length is checked against [`max_datagram`](Self::max_datagram) at the send.
     pub fn alloc(&self, len: usize, deadline: Option<Instant>) -> Result<Buf, PoolError> {
-        self.io.pool.alloc(len, wait_until(deadline))
+        // Room for the header behind the payload, so the send gathers one
+        // scatter entry (see `Io::post`); the buffer's length is `len`.
+        let room = if self.cfg.raw { 0 } else { HEADER_LEN };
+        let mut buf = self.io.pool.alloc(len.saturating_add(room), wait_until(deadline))?;
+        buf.set_len(len);
+        Ok(buf)
     }
 
     /// Send `buf` as one datagram to `to`, a peer socket (`ip:port`) or a
@@ -492,7 +497,10 @@ impl UdSocket {
         lock(&self.sources).get_or_insert_with(from, SeqTracker::default).on_arrival(h.seq);
         self.learn_route(from, wc, &grh);
         c.received.fetch_add(1, Relaxed);
-        Some((UdDatagram::new(buf, GRH_LEN + HEADER_LEN, h.seq, self.io.clone()), from))
+        // The header trails the payload: out of sight.
+        let mut buf = buf;
+        buf.set_len(buf.len() - HEADER_LEN);
+        Some((UdDatagram::new(buf, GRH_LEN, h.seq, self.io.clone()), from))
     }
 
     /// Cache a route back to `from` built from its completion and GRH, so a

@@ -412,7 +412,8 @@ impl Io {
         let mut buf = buf;
         let mut trailer_in_buf = false;
         if let (Some(b), Some(h)) = (buf.as_mut(), header.as_ref()) {
-            if let Some(room) = b.spare_capacity().get_mut(..HEADER_LEN) {
+            let len = b.len();
+            if let Some(room) = b.spare_capacity().get_mut(len..len + HEADER_LEN) {
                 room.copy_from_slice(h);
                 trailer_in_buf = true;
             }

@@ -285,8 +285,13 @@ impl Io {
             let r = lock(&self.recv);
             r.closing && r.posted == 0
         };
+        // The send side is done once no signalled send is outstanding: the
+        // unsignalled ones after the newest signalled send hold no payload
+        // (the last send of a batch that leaves one in the ring is
+        // signalled), and those that completed report nothing, so waiting
+        // for them could last forever.
         recv_done
-            && lock(&self.send).outstanding() == 0
+            && !lock(&self.send).ring.awaits_completion()
             && self.one_sided.outstanding() == 0
             && self.rendezvous.is_idle()
     }

@@ -220,9 +220,10 @@ impl UdSocket {
     /// length is checked against [`max_datagram`](Self::max_datagram) at the send.
     pub fn alloc(&self, len: usize, deadline: Option<Instant>) -> Result<Buf, PoolError> {
         // Room for the header behind the payload, so the send gathers one
-        // scatter entry (see `Io::post`); the buffer's length is `len`.
-        let room = if self.cfg.raw { 0 } else { HEADER_LEN };
-        let mut buf = self.io.pool.alloc(len.saturating_add(room), wait_until(deadline))?;
+        // scatter entry (see `Io::post`); the buffer's length is `len`. A
+        // buffer too large to be sent gets none: it is refused at the send.
+        let room = if self.cfg.raw || len > self.max_datagram { 0 } else { HEADER_LEN };
+        let mut buf = self.io.pool.alloc(len + room, wait_until(deadline))?;
         buf.set_len(len);
         Ok(buf)
     }

@@ -126,14 +126,27 @@ impl Session {
         let start = Instant::now();
         // One clock read per round trip, each sample the time between two
         // consecutive reads, as perftest does: on machines whose clock is a
-        // system call (a TCG guest), a second read would be counted as
-        // latency.
-        let mut t0 = start;
+        // system call (a TCG guest's HPET), a second read would be counted
+        // as latency. The read comes after the next message is sent, while
+        // its reply is on the way, and each reply is held until that send
+        // (see `DataPath::recv_then`): neither the clock nor giving the
+        // buffer back is on the round trip.
         let mut i = 0u64;
-        while !until.done(i, start) {
+        let mut more = !until.done(0, start);
+        if more {
+            dp.send(warmup).with_context(|| format!("sending message {warmup}"))?;
+        }
+        let mut t0 = Instant::now();
+        while more {
             let seq = warmup + i;
-            dp.send(seq).with_context(|| format!("sending message {seq}"))?;
-            dp.recv_expect(seq)?;
+            // Decided before the reply arrives, and once: whether message
+            // `seq + 1` goes out is what the server will have echoed.
+            more = !until.done(i + 1, start);
+            let next = more;
+            dp.recv_expect_then(seq, |_| match next {
+                true => dp.send(seq + 1).with_context(|| format!("sending message {}", seq + 1)),
+                false => Ok(()),
+            })?;
             let t1 = Instant::now();
             samples.record(t1 - t0);
             t0 = t1;

@@ -163,40 +163,65 @@ impl DataPath {
     /// Receive the next message; `None` once the peer closed and every
     /// message before its goodbye was received.
     pub(crate) fn recv(&self) -> anyhow::Result<Option<Got>> {
+        self.recv_then(Ok)
+    }
+
+    /// Receive the next message and run `then` on it while it is still
+    /// held: its buffer goes back (an RDMA receive is posted again, and its
+    /// credit returns) only after `then`. A reply sent from `then` goes out
+    /// first, so giving the buffer back is not on the round trip: that
+    /// work is done while the reply travels. `None` once the peer closed
+    /// and every message before its goodbye was received.
+    pub(crate) fn recv_then<R>(
+        &self,
+        then: impl FnOnce(Got) -> anyhow::Result<R>,
+    ) -> anyhow::Result<Option<R>> {
         loop {
             let r = match &self.io {
-                Io::Raw(conn) => {
-                    let r = if self.busy { conn.try_recv() } else { conn.recv() };
-                    r.map(|m| Got { seq: stamp_of(&m) & self.mask, len: m.len() })
-                }
+                Io::Raw(conn) => match if self.busy { conn.try_recv() } else { conn.recv() } {
+                    Ok(m) => return then(Got { seq: stamp_of(&m) & self.mask, len: m.len() }).map(Some),
+                    Err(e) => e,
+                },
                 Io::Typed(_, rx) => {
-                    let r = if self.busy { rx.recv_ref_timeout(Duration::ZERO) } else { rx.recv_ref() };
-                    match r {
-                        Ok(g) => Ok(Got { seq: g.get().seq & self.mask, len: g.get().data.len() }),
-                        Err(zerocast::TypedRecvError::Recv(e)) => Err(e),
+                    match if self.busy { rx.recv_ref_timeout(Duration::ZERO) } else { rx.recv_ref() } {
+                        Ok(g) => {
+                            let got = Got { seq: g.get().seq & self.mask, len: g.get().data.len() };
+                            return then(got).map(Some);
+                        }
+                        Err(zerocast::TypedRecvError::Recv(e)) => e,
                         Err(e) => return Err(anyhow!(e).context("a typed message did not decode")),
                     }
                 }
             };
             match r {
-                Ok(got) => return Ok(Some(got)),
                 // Back to back, with no `spin_loop` hint, as perftest polls:
                 // under TCG a PAUSE leaves the vCPU's translated code, about
                 // a microsecond on every half round trip.
-                Err(RecvError::Empty | RecvError::Timeout) => {}
-                Err(RecvError::Disconnected) => return Ok(None),
-                Err(e) => return Err(anyhow!(e).context("the data connection failed")),
+                RecvError::Empty | RecvError::Timeout => {}
+                RecvError::Disconnected => return Ok(None),
+                e => return Err(anyhow!(e).context("the data connection failed")),
             }
         }
     }
 
     /// Receive message `expect`, failing on anything else.
     pub(crate) fn recv_expect(&self, expect: u64) -> anyhow::Result<Got> {
-        let Some(got) = self.recv()? else {
-            bail!("the peer closed the data connection early (waiting for message {expect})");
-        };
-        self.check(got, expect)?;
-        Ok(got)
+        self.recv_expect_then(expect, |_| Ok(()))
+    }
+
+    /// Receive message `expect`, failing on anything else, and run `then`
+    /// while it is held (see [`DataPath::recv_then`]).
+    pub(crate) fn recv_expect_then(
+        &self,
+        expect: u64,
+        then: impl FnOnce(Got) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Got> {
+        let got = self.recv_then(|got| {
+            self.check(got, expect)?;
+            then(got)?;
+            Ok(got)
+        })?;
+        got.ok_or_else(|| anyhow!("the peer closed the data connection early (waiting for message {expect})"))
     }
 
     /// Check a received message's number and length.

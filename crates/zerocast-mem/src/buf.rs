@@ -5,7 +5,6 @@ use std::ops::{Deref, DerefMut};
 use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::ptr::NonNull;
 use std::slice;
-use std::sync::Arc;
 
 use crate::class::encode;
 use crate::error::PoolError;
@@ -17,7 +16,9 @@ use crate::registrar::Keys;
 ///
 /// Dropping it puts the buffer back on its class's free list (waking one
 /// waiter, if any). It keeps the pool's memory alive, so it may outlive every
-/// [`Pool`](crate::Pool) handle. Its bytes never move while it lives
+/// [`Pool`](crate::Pool) handle; it does so with a reference the pool
+/// counts in batches per thread, not with an `Arc` of its own, so taking
+/// and dropping buffers touches no counter shared between threads. Its bytes never move while it lives
 /// ([`StableDeref`](stable_deref_trait::StableDeref)), so `addr()` may go into
 /// a scatter/gather entry.
 ///
@@ -29,21 +30,31 @@ pub struct Buf {
     class: u32,
     region: u32,
     slot: u32,
-    pool: Arc<PoolInner>,
+    /// The pool, kept alive by this buffer's reference (see `refs.rs`).
+    pool: NonNull<PoolInner>,
 }
 
 // SAFETY: a `Buf` is the only handle to its bytes (its slot was popped off the
 // free list and goes back only when the `Buf` drops), like a `Box<[u8]>`; the
-// region memory is plain process memory, and `PoolInner` is `Send + Sync`.
+// region memory is plain process memory, and `PoolInner` is `Send + Sync`
+// (the pool pointer is shared like an `Arc<PoolInner>`: only `&PoolInner`
+// is made from it, and its reference is given up once, in `drop`).
 unsafe impl Send for Buf {}
 // SAFETY: `&Buf` gives out only `&[u8]` and plain values; mutation needs `&mut Buf`.
 unsafe impl Sync for Buf {}
 
 impl Buf {
-    /// Wrap a slot just taken from class `class` of `pool`.
-    pub(crate) fn new(pool: Arc<PoolInner>, class: u32, region: u32, slot: u32, len: usize) -> Self {
+    /// Wrap a slot just taken from class `class` of `pool`, with the
+    /// reference of the pool taken for it.
+    pub(crate) fn new(pool: &PoolInner, class: u32, region: u32, slot: u32, len: usize) -> Self {
         let ptr = pool.classes[class as usize].slot_ptr(region, slot);
-        Self { ptr, len, class, region, slot, pool }
+        Self { ptr, len, class, region, slot, pool: NonNull::from(pool) }
+    }
+
+    fn inner(&self) -> &PoolInner {
+        // SAFETY: this buffer holds a reference of the pool (taken when it
+        // was handed out, given up only in `drop`), so the pool is alive.
+        unsafe { self.pool.as_ref() }
     }
 
     /// Length of the contents.
@@ -58,7 +69,7 @@ impl Buf {
 
     /// Size of the buffer: its class size, at least the size asked for.
     pub fn capacity(&self) -> usize {
-        self.pool.classes[self.class as usize].layout.size
+        self.inner().classes[self.class as usize].layout.size
     }
 
     /// Set the length of the contents, typically after writing through
@@ -92,7 +103,7 @@ impl Buf {
     pub fn spare_capacity(&mut self) -> &mut [u8] {
         let cap = self.capacity();
         // SAFETY: `ptr` points at `capacity()` bytes inside a live region (the
-        // `Arc<PoolInner>` keeps it mapped), initialized since mapping, owned by
+        // buffer's reference of the pool keeps it mapped), initialized since mapping, owned by
         // this `Buf` alone; `&mut self` makes the borrow exclusive.
         unsafe { slice::from_raw_parts_mut(self.ptr.as_ptr(), cap) }
     }
@@ -104,19 +115,20 @@ impl Buf {
 
     /// The keys of the region this buffer lives in.
     pub fn keys(&self) -> Keys {
-        self.pool.classes[self.class as usize].keys(self.region)
+        self.inner().classes[self.class as usize].keys(self.region)
     }
 
     /// Id of the region this buffer lives in, unique within its pool
     /// (regions are numbered 0, 1, 2, … in creation order across all classes).
     pub fn region_id(&self) -> u32 {
-        self.pool.classes[self.class as usize].region_id(self.region)
+        self.inner().classes[self.class as usize].region_id(self.region)
     }
 }
 
 impl Drop for Buf {
     fn drop(&mut self) {
-        crate::cache::put(&self.pool, self.class as usize, encode(self.region, self.slot));
+        // SAFETY: this buffer's reference of the pool is given up here, once.
+        unsafe { crate::cache::put(self.pool, self.class as usize, encode(self.region, self.slot)) };
     }
 }
 
@@ -157,8 +169,8 @@ impl AsMut<[u8]> for Buf {
 
 // SAFETY: `deref` returns a slice into region memory at `ptr`, which is fixed
 // for the `Buf`'s life: moving the `Buf` moves only the handle, and the region
-// is neither moved nor unmapped while the `Buf` (holding an `Arc` to the pool)
-// lives. Hence the address is stable across moves of the `Buf`.
+// is neither moved nor unmapped while the `Buf` (holding a reference of the
+// pool) lives. Hence the address is stable across moves of the `Buf`.
 unsafe impl stable_deref_trait::StableDeref for Buf {}
 
 impl fmt::Debug for Buf {

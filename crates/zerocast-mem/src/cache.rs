@@ -17,11 +17,13 @@
 //! fewer than [`MIN_CACHED`] buffers are not cached at all.
 
 use std::cell::RefCell;
+use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use crate::class::{Entry, SizeClass};
 use crate::pool::PoolInner;
+use crate::refs::BATCH;
 
 /// Most free buffers a thread keeps per class.
 pub(crate) const CACHE: usize = 64;
@@ -49,6 +51,9 @@ pub(crate) struct ShardState {
     /// Buffers taken through this cache minus buffers released into it:
     /// its share of the class's buffers in use.
     pub(crate) net_taken: i64,
+    /// References of the pool this cache holds for buffers it will hand
+    /// out (see [`crate::refs`]).
+    credit: usize,
 }
 
 fn lock(s: &Shard) -> MutexGuard<'_, ShardState> {
@@ -57,7 +62,12 @@ fn lock(s: &Shard) -> MutexGuard<'_, ShardState> {
 
 impl Shard {
     fn new() -> Self {
-        Self { state: Mutex::new(ShardState { entries: Vec::with_capacity(CACHE), net_taken: 0 }) }
+        Self { state: Mutex::new(ShardState { entries: Vec::with_capacity(CACHE), net_taken: 0, credit: 0 }) }
+    }
+
+    /// Take this cache's reference credit (the pool is being orphaned).
+    pub(crate) fn take_credit(&self) -> usize {
+        std::mem::take(&mut lock(self).credit)
     }
 
     /// Move every cached entry to `class`'s shared list.
@@ -83,13 +93,20 @@ struct Local {
 
 impl Drop for Local {
     fn drop(&mut self) {
-        // The thread is gone (or the class is): give the buffers back.
+        // The thread is gone (or the class is): give the buffers back, and
+        // the references. A pool that is gone had no references left.
         if let Some(pool) = self.pool.upgrade() {
             let class = &pool.classes[self.class];
             self.shard.drain_into(class);
-            let mut st = lock(&self.shard);
-            class.retire(st.net_taken);
-            st.net_taken = 0;
+            let credit = {
+                let mut st = lock(&self.shard);
+                class.retire(st.net_taken);
+                st.net_taken = 0;
+                std::mem::take(&mut st.credit)
+            };
+            // SAFETY: this cache held `credit` references, given up here;
+            // the upgraded `Arc` keeps the pool alive to the end of `drop`.
+            unsafe { crate::refs::release(NonNull::from(&*pool), credit) };
         }
     }
 }
@@ -101,7 +118,7 @@ thread_local! {
 /// Run `f` on this thread's cache of class `idx`, creating it on first use.
 /// `None` when the class is not cached or the thread is being torn down.
 fn with_cache<R>(
-    pool: &Arc<PoolInner>,
+    pool: &PoolInner,
     idx: usize,
     f: impl FnOnce(&mut ShardState, &SizeClass) -> R,
 ) -> Option<R> {
@@ -119,7 +136,7 @@ fn with_cache<R>(
                     locals.retain(|l| Arc::strong_count(&l.shard) > 1);
                     let shard = Arc::new(Shard::new());
                     class.register(shard.clone());
-                    locals.push(Local { class_id: class.id, shard, pool: Arc::downgrade(pool), class: idx });
+                    locals.push(Local { class_id: class.id, shard, pool: pool.me.clone(), class: idx });
                     locals.len() - 1
                 }
             };
@@ -131,8 +148,10 @@ fn with_cache<R>(
 }
 
 /// Take a free buffer of class `idx`: from this thread's cache, refilled
-/// from the shared list when empty.
-pub(crate) fn take(pool: &Arc<PoolInner>, idx: usize) -> Option<Entry> {
+/// from the shared list when empty. The buffer's reference of the pool is
+/// taken too: from the cache's credit, refilled [`BATCH`] at a time (see
+/// [`crate::refs`]), or from the pool's count when there is no cache.
+pub(crate) fn take(pool: &PoolInner, idx: usize) -> Option<Entry> {
     let cached = with_cache(pool, idx, |st, class| {
         let half = class.cache_cap / 2;
         if st.entries.is_empty() && class.depot_take(&mut st.entries, half) == 0 {
@@ -145,19 +164,34 @@ pub(crate) fn take(pool: &Arc<PoolInner>, idx: usize) -> Option<Entry> {
         }
         let e = st.entries.pop()?;
         st.net_taken += 1;
+        if st.credit == 0 {
+            pool.refs.acquire(BATCH);
+            st.credit = BATCH;
+        }
+        st.credit -= 1;
         Some(e)
     });
     match cached {
         Some(e) => e,
-        None => pool.classes[idx].try_take(),
+        None => pool.classes[idx].try_take().inspect(|_| pool.refs.acquire(1)),
     }
 }
 
-/// Give a buffer of class `idx` back: into this thread's cache, spilling
-/// to the shared list when full, and straight to a waiter if one waits.
-pub(crate) fn put(pool: &Arc<PoolInner>, idx: usize, entry: Entry) {
-    let class = &pool.classes[idx];
-    let cached = with_cache(pool, idx, |st, class| {
+/// Give a buffer of class `idx` of `pool` back: into this thread's cache,
+/// spilling to the shared list when full, and straight to a waiter if one
+/// waits. Its reference of the pool goes to the cache's credit, or back to
+/// the pool's count (no cache, an orphaned pool, or a cache over its
+/// limit), last: this may drop the pool.
+///
+/// # Safety
+///
+/// The buffer held one reference of `pool`, given up here.
+pub(crate) unsafe fn put(pool: NonNull<PoolInner>, idx: usize, entry: Entry) {
+    // SAFETY: the buffer's reference keeps the pool alive until `release`;
+    // `inner` is not used after it.
+    let inner = unsafe { pool.as_ref() };
+    let class = &inner.classes[idx];
+    let cached = with_cache(inner, idx, |st, class| {
         let cap = class.cache_cap;
         if st.entries.len() >= cap {
             // The oldest half goes; the warmest stay.
@@ -166,28 +200,48 @@ pub(crate) fn put(pool: &Arc<PoolInner>, idx: usize, entry: Entry) {
         }
         st.entries.push(entry);
         st.net_taken -= 1;
+        // Read under this cache's lock: see `refs::orphan`.
+        let give_back = if inner.refs.orphaned() {
+            1
+        } else if st.credit >= 2 * BATCH {
+            st.credit -= BATCH - 1;
+            BATCH
+        } else {
+            st.credit += 1;
+            0
+        };
         // Read after this cache's lock was taken: a waiter that emptied
         // the cache before is seen here; one that comes later sees the
         // entry in the cache.
-        if class.waiters.load(Ordering::Acquire) > 0 {
+        let woke = if class.waiters.load(Ordering::Acquire) > 0 {
             for i in st.entries.drain(..) {
                 class.push_free(i);
             }
             true
         } else {
             false
-        }
+        };
+        (woke, give_back)
     });
-    match cached {
-        Some(true) => class.wake_one(),
-        Some(false) => {}
-        None => class.put(entry),
-    }
+    let give_back = match cached {
+        Some((true, n)) => {
+            class.wake_one();
+            n
+        }
+        Some((false, n)) => n,
+        None => {
+            class.put(entry);
+            1
+        }
+    };
+    // SAFETY: the buffer's reference (with surplus credit) is given up here,
+    // and neither `inner` nor `pool` is used after.
+    unsafe { crate::refs::release(pool, give_back) };
 }
 
 /// Create this thread's caches for every cached class of `pool` now, so
 /// that its first buffers later do not allocate.
-pub(crate) fn prepare(pool: &Arc<PoolInner>) {
+pub(crate) fn prepare(pool: &PoolInner) {
     for idx in 0..pool.classes.len() {
         with_cache(pool, idx, |_, _| ());
     }

@@ -232,6 +232,12 @@ impl SizeClass {
         self.retired.fetch_add(net_taken, Ordering::AcqRel);
     }
 
+    /// Take back the reference credit of every thread cache (see
+    /// [`crate::refs`]); the total.
+    pub(crate) fn take_credit(&self) -> usize {
+        lock(&self.caches).iter().map(|c| c.take_credit()).sum()
+    }
+
     /// Move every thread cache's buffers to the shared list.
     pub(crate) fn drain_caches(&self) {
         for c in lock(&self.caches).iter() {

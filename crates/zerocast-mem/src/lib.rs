@@ -65,6 +65,7 @@ mod config;
 mod counting;
 mod error;
 mod pool;
+mod refs;
 mod region;
 mod registrar;
 mod stats;

@@ -2,13 +2,14 @@
 
 use std::fmt;
 use std::panic::{RefUnwindSafe, UnwindSafe};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::buf::Buf;
 use crate::class::{decode, Budget, Entry, Grow, GrowCtx, SizeClass};
 use crate::config::PoolConfig;
 use crate::error::PoolError;
+use crate::refs::Refs;
 use crate::registrar::{NoopRegistrar, Registrar};
 use crate::stats::PoolStats;
 
@@ -29,10 +30,25 @@ pub enum Wait {
 ///
 /// Cheap to clone (an `Arc`); `Send + Sync`. The memory lives until the last
 /// clone *and* the last [`Buf`] are gone; then every region is deregistered
-/// and unmapped.
-#[derive(Clone)]
+/// and unmapped. (A `Buf` keeps the pool alive without an `Arc` of its own:
+/// see `refs.rs`.)
 pub struct Pool {
     pub(crate) inner: Arc<PoolInner>,
+}
+
+impl Clone for Pool {
+    fn clone(&self) -> Self {
+        self.inner.refs.add_handle();
+        Pool { inner: Arc::clone(&self.inner) }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if self.inner.refs.drop_handle() {
+            crate::refs::orphan(&self.inner);
+        }
+    }
 }
 
 /// Shared state of a pool. Field order matters: `classes` (and with them the
@@ -42,6 +58,10 @@ pub(crate) struct PoolInner {
     pub(crate) budget: Budget,
     registrar: Arc<dyn Registrar>,
     cfg: PoolConfig,
+    /// What keeps the pool alive while buffers are in use (see `refs.rs`).
+    pub(crate) refs: Refs,
+    /// This pool, for thread caches (which must not keep it alive).
+    pub(crate) me: Weak<PoolInner>,
 }
 
 impl PoolInner {
@@ -73,9 +93,16 @@ impl Pool {
         let layouts = cfg.layouts()?;
         let classes = layouts.into_iter().map(SizeClass::new).collect();
         tracing::debug!(classes = ?cfg.classes, max_bytes = cfg.max_bytes, registrar = registrar.name(), "pool created");
-        Ok(Pool {
-            inner: Arc::new(PoolInner { classes, budget: Budget::new(cfg.max_bytes), registrar, cfg }),
-        })
+        let inner = Arc::new_cyclic(|me| PoolInner {
+            classes,
+            budget: Budget::new(cfg.max_bytes),
+            registrar,
+            cfg,
+            refs: Refs::new(),
+            me: me.clone(),
+        });
+        inner.refs.keep(Arc::clone(&inner));
+        Ok(Pool { inner })
     }
 
     /// A pool of plain host memory ([`NoopRegistrar`]), for TCP and in-process transports.
@@ -100,18 +127,25 @@ impl Pool {
     /// not be made (the pool is unchanged and stays usable).
     pub fn alloc(&self, size: usize, wait: Wait) -> Result<Buf, PoolError> {
         let idx = self.class_index(size)?;
+        // Either way, the buffer's reference of the pool is taken with it.
         let entry = match crate::cache::take(&self.inner, idx) {
             Some(e) => e,
             None => self.alloc_slow(idx, wait)?,
         };
         let (region, slot) = decode(entry);
         // `idx < classes.len() <= u32::MAX` (validated).
-        Ok(Buf::new(Arc::clone(&self.inner), idx as u32, region, slot, size))
+        Ok(Buf::new(&self.inner, idx as u32, region, slot, size))
     }
 
+    /// [`Pool::alloc`] when the thread's cache and the class's free list are
+    /// empty. The entry comes with its reference of the pool.
     #[cold]
     fn alloc_slow(&self, idx: usize, wait: Wait) -> Result<Entry, PoolError> {
         let inner = &*self.inner;
+        let referenced = |e: Entry| {
+            inner.refs.acquire(1);
+            e
+        };
         let class = &inner.classes[idx];
         while inner.grow(idx, true)? == Grow::Ready {
             if let Some(e) = crate::cache::take(&self.inner, idx) {
@@ -122,7 +156,7 @@ impl Pool {
         // Free buffers may sit in other threads' caches.
         class.drain_caches();
         if let Some(e) = class.try_take() {
-            return Ok(e);
+            return Ok(referenced(e));
         }
         let (deadline, start) = match wait {
             Wait::No => return Err(PoolError::Exhausted { cap }),
@@ -134,7 +168,7 @@ impl Pool {
             Wait::Forever => (None, None),
         };
         match class.wait(inner.ctx(), deadline) {
-            Ok(Some(e)) => Ok(e),
+            Ok(Some(e)) => Ok(referenced(e)),
             Ok(None) => {
                 Err(PoolError::Timeout { waited: start.map(|s| s.elapsed()).unwrap_or_default(), cap })
             }

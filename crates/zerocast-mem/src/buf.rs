@@ -18,7 +18,8 @@ use crate::registrar::Keys;
 /// waiter, if any). It keeps the pool's memory alive, so it may outlive every
 /// [`Pool`](crate::Pool) handle; it does so with a reference the pool
 /// counts in batches per thread, not with an `Arc` of its own, so taking
-/// and dropping buffers touches no counter shared between threads. Its bytes never move while it lives
+/// and dropping buffers touches no counter shared between threads. Its
+/// bytes never move while it lives
 /// ([`StableDeref`](stable_deref_trait::StableDeref)), so `addr()` may go into
 /// a scatter/gather entry.
 ///
@@ -102,9 +103,10 @@ impl Buf {
     /// when its region was mapped), so this is a plain slice.
     pub fn spare_capacity(&mut self) -> &mut [u8] {
         let cap = self.capacity();
-        // SAFETY: `ptr` points at `capacity()` bytes inside a live region (the
-        // buffer's reference of the pool keeps it mapped), initialized since mapping, owned by
-        // this `Buf` alone; `&mut self` makes the borrow exclusive.
+        // SAFETY: `ptr` points at `capacity()` bytes inside a live region
+        // (the buffer's reference of the pool keeps it mapped), initialized
+        // since mapping, owned by this `Buf` alone; `&mut self` makes the
+        // borrow exclusive.
         unsafe { slice::from_raw_parts_mut(self.ptr.as_ptr(), cap) }
     }
 

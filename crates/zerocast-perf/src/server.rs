@@ -126,9 +126,13 @@ fn sink(dp: &DataPath) -> anyhow::Result<ServerReport> {
 /// Send every message back until the client's goodbye.
 fn echo(dp: &DataPath) -> anyhow::Result<ServerReport> {
     let mut report = ServerReport { msgs: 0, bytes: 0 };
-    while let Some(got) = dp.recv()? {
+    // The reply goes out before the request's buffer is given back (see
+    // `DataPath::recv_then`).
+    while let Some(got) = dp.recv_then(|got| {
         dp.check(got, report.msgs)?;
         dp.send(report.msgs)?;
+        Ok(got)
+    })? {
         report.msgs += 1;
         report.bytes += got.len as u64;
     }

@@ -88,15 +88,14 @@ pub(super) struct Counters {
     pub(super) recv_errors: AtomicU64,
 }
 
-/// Where a send goes.
-pub(super) struct Route<'a> {
-    pub(super) ah: &'a Arc<AddressHandle>,
+/// Where a send goes. Its address handle moves into the send ring with
+/// the send, which keeps it until the device is done.
+#[derive(Clone)]
+pub(super) struct Route {
+    pub(super) ah: Arc<AddressHandle>,
     pub(super) qpn: u32,
     pub(super) qkey: u32,
 }
-
-/// A [`Route`] that owns its address handle.
-pub(super) type OwnedRoute = (Arc<AddressHandle>, u32, u32);
 
 /// Everything the socket, its received datagrams and its rdma_cm thread
 /// share. Field order is drop order: the QP goes first, so no buffer in
@@ -322,7 +321,7 @@ impl Io {
     /// Sends after the last signalled one are followed by a fence, an
     /// empty signalled send over `fence_route` (the socket itself), which
     /// completes after them; without a route, the wait may end `false`.
-    pub(super) fn flush(&self, deadline: Instant, fence_route: &dyn Fn() -> Option<OwnedRoute>) -> bool {
+    pub(super) fn flush(&self, deadline: Instant, fence_route: &dyn Fn() -> Option<Route>) -> bool {
         let mut route = None;
         loop {
             let mut t = lock(&self.tx);
@@ -336,10 +335,9 @@ impl Io {
                     route = fence_route();
                 }
                 t = lock(&self.tx);
-                if let Some((ah, qpn, qkey)) = &route {
+                if let Some(r) = &route {
                     if t.fence_due() && !t.is_full() {
-                        let r = Route { ah, qpn: *qpn, qkey: *qkey };
-                        if let Err(e) = self.post(&mut t, None, None, &r, true) {
+                        if let Err(e) = self.post(&mut t, None, None, r.clone(), true) {
                             tracing::debug!(error = %e.1, "posting a UD send fence failed");
                         }
                     }
@@ -360,7 +358,7 @@ impl Io {
         &self,
         buf: Buf,
         header: Option<[u8; HEADER_LEN]>,
-        route: &Route<'_>,
+        route: Route,
         timeout: Duration,
     ) -> Result<(), (Buf, UdError)> {
         let mut t = lock(&self.tx);
@@ -400,7 +398,7 @@ impl Io {
         t: &mut TxRing,
         buf: Option<Buf>,
         header: Option<[u8; HEADER_LEN]>,
-        route: &Route<'_>,
+        route: Route,
         force_signal: bool,
     ) -> Result<(), (Option<Buf>, UdError)> {
         let Some(r) = t.reserve(force_signal) else {
@@ -456,7 +454,7 @@ impl Io {
         // until a completion for this send or a later one is polled.
         match unsafe { self.qp.post_send(std::slice::from_mut(&mut wr)) } {
             Ok(()) => {
-                t.posted(&r, Some((buf, route.ah.clone())));
+                t.posted(&r, Some((buf, route.ah)));
                 Ok(())
             }
             Err((_, e)) => {

@@ -16,7 +16,7 @@ use zerocast_mem::{Buf, Pool, PoolError, Wait};
 
 use super::cm::Cm;
 use super::datagram::{self, grh_source, UdDatagram, GRH_LEN};
-use super::io::{lock, Io, OwnedRoute, Route, Sizes};
+use super::io::{lock, Io, Route, Sizes};
 use super::peers::Peers;
 use super::{UdConfig, UdError, UdTransport, RDMA_UDP_QKEY};
 use crate::cm::{context_name, CmId, EventChannel};
@@ -264,15 +264,12 @@ impl UdSocket {
         };
         let seq = d.seq;
         d.seq = d.seq.wrapping_add(1);
-        let ah = d.ah.clone();
-        let (qpn, qkey) = (d.qpn, d.qkey);
+        let route = Route { ah: d.ah.clone(), qpn: d.qpn, qkey: d.qkey };
         drop(dests);
         let header = (!self.cfg.raw).then(|| datagram::header(seq, len, self.local.port()));
-        self.io.send(buf, header, &Route { ah: &ah, qpn, qkey }, self.cfg.send_timeout).map_err(|(b, e)| {
-            match e {
-                UdError::SendQueueFull(_) => (b, UdError::SendQueueFull(self.cfg.send_timeout)),
-                e => (b, e),
-            }
+        self.io.send(buf, header, route, self.cfg.send_timeout).map_err(|(b, e)| match e {
+            UdError::SendQueueFull(_) => (b, UdError::SendQueueFull(self.cfg.send_timeout)),
+            e => (b, e),
         })
     }
 
@@ -538,7 +535,7 @@ impl UdSocket {
     }
 
     /// A route to this socket itself, for send fences.
-    fn own_route(&self) -> Option<OwnedRoute> {
+    fn own_route(&self) -> Option<Route> {
         if self.local.ip().is_multicast() {
             // Never the case (sockets bind to an interface), and a fence
             // must not reach other members of a group.
@@ -546,13 +543,13 @@ impl UdSocket {
         }
         let key = dest_key(&self.local);
         if let Some(d) = lock(&self.dests).get(&key) {
-            return Some((d.ah.clone(), d.qpn, d.qkey));
+            return Some(Route { ah: d.ah.clone(), qpn: d.qpn, qkey: d.qkey });
         }
         if let Err(e) = self.add_route(&self.local) {
             tracing::warn!(error = %e, "cannot resolve this UD socket's own address for a send fence");
             return None;
         }
-        lock(&self.dests).get(&key).map(|d| (d.ah.clone(), d.qpn, d.qkey))
+        lock(&self.dests).get(&key).map(|d| Route { ah: d.ah.clone(), qpn: d.qpn, qkey: d.qkey })
     }
 
     /// Largest payload a datagram may carry: the active MTU less the

@@ -248,7 +248,7 @@ pub(crate) fn prepare(pool: &PoolInner) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::mpsc;
     use std::thread;
     use std::time::{Duration, Instant};
@@ -256,7 +256,7 @@ mod tests {
     use crate::{Buf, Pool, PoolConfig, Wait};
 
     /// One class of 64-byte buffers, 1,024 of them: cached.
-    fn pool() -> Pool {
+    pub(crate) fn pool() -> Pool {
         let cfg = PoolConfig::default()
             .with_classes([64])
             .with_region_size(64 << 10)

@@ -138,16 +138,8 @@ mod tests {
     use std::sync::Arc;
     use std::thread;
 
-    use crate::{Pool, PoolConfig, Wait};
-
-    fn pool() -> Pool {
-        let cfg = PoolConfig::default()
-            .with_classes([64])
-            .with_region_size(64 << 10)
-            .with_max_bytes(64 << 10)
-            .with_prefault(false);
-        Pool::unregistered(cfg).unwrap()
-    }
+    use crate::cache::tests::pool;
+    use crate::{Pool, Wait};
 
     /// The count of `p`'s pool, less the handles' one.
     fn refs(p: &Pool) -> usize {

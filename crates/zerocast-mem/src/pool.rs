@@ -252,12 +252,16 @@ impl Pool {
     /// A snapshot of the pool's counters.
     pub fn stats(&self) -> PoolStats {
         self.inner.classes.iter().fold(PoolStats::default(), |mut s, c| {
+            // One reading of each counter, so that a class's free and in-use
+            // figures add up to its total even while buffers move.
             let regions = c.regions();
+            let total = regions * c.layout.slots_per_region;
+            let in_use = c.buffers_in_use();
             s.regions += regions;
             s.bytes += regions * c.layout.region_bytes;
-            s.buffers_total += regions * c.layout.slots_per_region;
-            s.buffers_free += c.buffers_free();
-            s.buffers_in_use += c.buffers_in_use();
+            s.buffers_total += total;
+            s.buffers_free += total.saturating_sub(in_use);
+            s.buffers_in_use += in_use;
             s
         })
     }
@@ -387,6 +391,30 @@ mod tests {
         p.reserve(1, 1).unwrap();
         assert_eq!(p.stats().regions, 3);
         drop(held);
+    }
+
+    #[test]
+    fn stats_add_up_while_buffers_move() {
+        let p = Pool::unregistered(tiny()).unwrap();
+        p.reserve(100, 48).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let (p, stop) = (p.clone(), stop.clone());
+            thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let held: Vec<_> = (0..40).map(|_| p.alloc(100, Wait::No).unwrap()).collect();
+                    drop(held);
+                }
+            })
+        };
+        for _ in 0..20_000 {
+            let s = p.stats();
+            assert_eq!(s.buffers_free + s.buffers_in_use, s.buffers_total, "{s:?}");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        churn.join().unwrap();
+        let s = p.stats();
+        assert_eq!((s.buffers_free, s.buffers_in_use, s.buffers_total), (48, 0, 48));
     }
 
     #[test]

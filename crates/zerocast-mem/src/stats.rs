@@ -2,10 +2,11 @@
 
 /// A snapshot of a pool's counters, summed over all classes.
 ///
-/// Each counter is an atomic read, so the snapshot is exact whenever no
-/// allocation or release runs concurrently; while they do, `buffers_free +
-/// buffers_in_use` may briefly differ from `buffers_total` by the buffers in
-/// flight. After every [`Buf`](crate::Buf) has dropped, `buffers_free ==
+/// Each class is read once, and its free count is derived from that one
+/// reading of its in-use count, so `buffers_free + buffers_in_use ==
+/// buffers_total` holds in every snapshot unless a region is added
+/// concurrently. While buffers move, the snapshot is a moment's picture.
+/// After every [`Buf`](crate::Buf) has dropped, `buffers_free ==
 /// buffers_total` and `buffers_in_use == 0`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PoolStats {

@@ -118,6 +118,66 @@ pub fn unicast_typed(env: &DatagramEnv, n: u64) {
     crate::assert_pool_drained(&pool, Duration::from_secs(10));
 }
 
+/// `batches` batches of `per` datagrams sent with `send_batch` arrive in
+/// order, each intact; a batch with an oversize datagram in the middle sends
+/// the ones before it and hands back that one and the rest, in order.
+pub fn batches_in_order(env: &DatagramEnv, batches: u64, per: u64) {
+    let (a, b) = (env.bind(), env.bind());
+    let b_at = b.local_addr();
+    let n = batches * per;
+    let got = Arc::new(AtomicU64::new(0));
+    let counter = got.clone();
+    let receiver = thread::spawn(move || {
+        let mut from_seen = None;
+        for i in 0..n + 3 {
+            let (d, from) = b.recv_from(Some(Instant::now() + Duration::from_secs(20))).expect("datagram");
+            let want = if i < n { i } else { 1_000_000 + i - n };
+            assert_eq!(d.len(), 8 + (want % 300) as usize, "datagram {i}: length");
+            assert_eq!(u64::from_le_bytes(d[..8].try_into().unwrap()), want, "in order on loopback");
+            assert!(d[8..].iter().all(|&x| x == want as u8), "datagram {i}: payload");
+            from_seen = Some(from);
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        let st = b.source_stats(&from_seen.expect("a source")).expect("source stats");
+        assert_eq!((st.received, st.lost, st.reordered), (n + 3, 0, 0));
+    });
+    let datagram = |k: u64| {
+        let mut buf = a.alloc(8 + (k % 300) as usize, None).expect("alloc");
+        buf[..8].copy_from_slice(&k.to_le_bytes());
+        buf[8..].fill(k as u8);
+        (buf, b_at)
+    };
+    let mut batch = Vec::with_capacity(per as usize);
+    for first in (0..n).step_by(per as usize) {
+        // Paced: at most 64 datagrams ahead of the receiver.
+        let start = Instant::now();
+        while first + per > got.load(Ordering::Relaxed) + 64 {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "receiver stalled at {}",
+                got.load(Ordering::Relaxed)
+            );
+            thread::yield_now();
+        }
+        batch.extend((first..first + per).map(datagram));
+        a.send_batch(&mut batch).expect("send_batch");
+        assert!(batch.is_empty(), "every datagram was taken");
+    }
+    assert_eq!(a.stats().sent, n);
+    let max = a.max_datagram();
+    let oversize = (a.alloc(max + 1, None).expect("alloc"), b_at);
+    batch.extend([datagram(1_000_000), datagram(1_000_001), oversize, datagram(1_000_002)]);
+    let e = a.send_batch(&mut batch).expect_err("an oversize datagram");
+    assert!(e.is_too_large(), "{e}");
+    assert_eq!(batch.len(), 2, "the oversize datagram and the one after it come back");
+    assert_eq!((batch[0].0.len(), batch[1].0.len()), (max + 1, 8 + (1_000_002 % 300)));
+    assert_eq!(a.stats().sent, n + 2, "the two before it were sent");
+    batch.remove(0);
+    a.send_batch(&mut batch).expect("the rest");
+    receiver.join().expect("receiver");
+    assert!(a.flush(Duration::from_secs(10)));
+}
+
 /// A payload over the limit is refused with its buffer back, nothing sent;
 /// the limit itself goes through.
 pub fn oversize_refused(env: &DatagramEnv) {

@@ -25,6 +25,11 @@ fn oversize_is_refused() {
 }
 
 #[test]
+fn batches_arrive_in_order_and_a_refused_one_comes_back() {
+    suite::batches_in_order(&env(), 100, 32);
+}
+
+#[test]
 fn join_leave_rejoin() {
     suite::join_leave_rejoin(&env());
 }

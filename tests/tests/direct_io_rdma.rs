@@ -15,10 +15,17 @@ use zerocast::{Config, LinkConfig, Zerocast};
 use zerocast_tests::{direct_io, Transport};
 
 fn transport(scheme: &str, mode: CompletionMode) -> Transport {
+    transport_with(
+        scheme,
+        LinkConfig::default().with_recv_window(32),
+        RcConfig::default().with_completion(mode),
+    )
+}
+
+fn transport_with(scheme: &str, link: LinkConfig, rc: RcConfig) -> Transport {
     let addr = std::env::var("ZEROCAST_RDMA_ADDR").unwrap_or_else(|_| "10.0.2.15".to_owned());
     let uri: &'static str = Box::leak(format!("{scheme}://{addr}:0").into_boxed_str());
-    let link = LinkConfig::default().with_recv_window(32);
-    let cfg = Config::default().with_link(link).with_rc(RcConfig::default().with_completion(mode));
+    let cfg = Config::default().with_link(link).with_rc(rc);
     Transport { zc: Zerocast::with_config(cfg), listen_uri: uri }
 }
 
@@ -45,6 +52,21 @@ macro_rules! caller_driven {
             #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
             fn a_burst_goes_through_the_writer_and_arrives_whole() {
                 direct_io::a_burst_goes_through_the_writer(&t(), 10_000, drained);
+            }
+
+            /// Writer batches of up to 256 frames into a send queue of 8:
+            /// each batch is posted as chains short enough to find their
+            /// slots, none waits for a completion that cannot come.
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn batches_longer_than_the_send_queue_are_posted_in_parts() {
+                let link = LinkConfig::default().with_recv_window(256).with_max_batch(256);
+                let t = transport_with(
+                    $scheme,
+                    link,
+                    RcConfig::default().with_completion($mode).with_send_depth(8),
+                );
+                direct_io::a_burst_goes_through_the_writer(&t, 5_000, drained);
             }
 
             #[test]

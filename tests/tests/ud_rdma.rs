@@ -35,6 +35,12 @@ fn oversize_is_refused_before_posting() {
 
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn batches_arrive_in_order_and_a_refused_one_comes_back() {
+    suite::batches_in_order(&env(), 100, 32);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
 fn join_leave_rejoin() {
     suite::join_leave_rejoin(&env());
 }

@@ -118,6 +118,24 @@ pub trait Datagram: Send + Sync + 'static {
     fn alloc(&self, len: usize, deadline: Option<Instant>) -> Result<Self::TxBuf, Self::AllocError>;
     /// Send one datagram; the buffer comes back on error.
     fn send_to(&self, buf: Self::TxBuf, to: &Self::Addr) -> Result<(), (Self::TxBuf, Self::Error)>;
+    /// Send the datagrams of `batch` in order, taking each one sent out of
+    /// `batch` (which keeps its capacity). On error, the datagram that
+    /// failed and every one after it stay in `batch`, in order. Backends
+    /// that can hand the device several datagrams at once do; this default
+    /// calls [`send_to`](Self::send_to) for each.
+    fn send_batch(&self, batch: &mut Vec<(Self::TxBuf, Self::Addr)>) -> Result<(), Self::Error> {
+        // Popped from the back of the reversed batch: in order, and with
+        // no shifting or allocation.
+        batch.reverse();
+        while let Some((buf, to)) = batch.pop() {
+            if let Err((buf, e)) = self.send_to(buf, &to) {
+                batch.push((buf, to));
+                batch.reverse();
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
     /// Receive one datagram and its source.
     fn recv_from(&self, deadline: Option<Instant>) -> Result<(Self::RxBuf, Self::Addr), RecvError>;
     /// Join a multicast group.

@@ -81,6 +81,11 @@ struct Opts {
     /// most 32 MiB are in flight.
     #[arg(long, visible_alias = "window", value_parser = clap::value_parser!(u32).range(4..=65535))]
     inflight: Option<u32>,
+    /// Datagram bw and rate: datagrams per `send_batch` call (one chain of
+    /// work requests over RDMA UD, as perftest's --post_list); 1 sends each
+    /// with `send_to`.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    post_list: u32,
     /// How to wait: busy spins on try_send/try_recv (and RDMA completion
     /// threads on the CQ); event blocks.
     #[arg(long, value_enum, default_value_t = Poll::Event)]
@@ -225,6 +230,7 @@ fn plan(mode: Mode, opts: &Opts) -> anyhow::Result<Vec<Vec<Spec>>> {
                     window: capped_window(inflight, size),
                     typed: opts.typed,
                     poll: opts.poll,
+                    post_list: opts.post_list,
                 };
                 spec.validate()?;
                 Ok(spec)

@@ -182,16 +182,37 @@ impl Session {
         let mut slices = Slices::new(spec.window, spec.duration_ms.is_none().then_some(spec.iters));
         let start = Instant::now();
         let mut i = 0u64;
+        let post_list = u64::from(spec.post_list);
+        let mut batch = Vec::with_capacity(spec.post_list as usize);
         while !until.done(i, start) {
-            let mut buf = sock.alloc(spec.size, None)?;
-            let n = buf.len().min(8);
-            buf[..n].copy_from_slice(&i.to_le_bytes()[..n]);
-            sock.send_to(buf, &to).map_err(|(_, e)| anyhow!(e).context(format!("sending datagram {i}")))?;
-            slices.sent(i);
-            i += 1;
-            if i % 1024 == 0 {
-                progress.test_at(until.fraction(i, start));
+            // A whole list, unless a count ends the run first. A duration
+            // is checked at multiples of 64, so the list stays aligned.
+            let k = if until.duration.is_some() {
+                post_list.min(64 - i % 64)
+            } else {
+                post_list.min(until.iters - i)
+            };
+            for j in i..i + k {
+                let mut buf = sock.alloc(spec.size, None)?;
+                let n = buf.len().min(8);
+                buf[..n].copy_from_slice(&j.to_le_bytes()[..n]);
+                batch.push((buf, to));
             }
+            if k == 1 {
+                let (buf, to) = batch.pop().expect("one datagram");
+                sock.send_to(buf, &to)
+                    .map_err(|(_, e)| anyhow!(e).context(format!("sending datagram {i}")))?;
+            } else {
+                sock.send_batch(&mut batch)
+                    .map_err(|e| anyhow!(e).context(format!("sending datagrams {i}..")))?;
+            }
+            for j in i..i + k {
+                slices.sent(j);
+                if (j + 1) % 1024 == 0 {
+                    progress.test_at(until.fraction(j + 1, start));
+                }
+            }
+            i += k;
         }
         let elapsed = start.elapsed();
         self.tx.send(Ctl::Sent(i)).map_err(|e| anyhow!("control connection: {}", e.map(drop)))?;

@@ -186,6 +186,9 @@ pub(crate) struct Spec {
     pub(crate) window: u32,
     pub(crate) typed: bool,
     pub(crate) poll: Poll,
+    /// Datagrams handed to the socket per `send_batch` call (1: `send_to`
+    /// each). Only the sending side reads it.
+    pub(crate) post_list: u32,
 }
 
 impl Spec {
@@ -208,6 +211,9 @@ impl Spec {
         }
         if self.iters == 0 && self.duration_ms.is_none() {
             bail!("iterations must be at least 1");
+        }
+        if !(1..=1024).contains(&self.post_list) {
+            bail!("post list {} must be within 1..=1024", self.post_list);
         }
         if self.duration_ms == Some(0) {
             bail!("duration must be above 0");
@@ -304,6 +310,7 @@ mod tests {
             window: 16,
             typed: false,
             poll: Poll::Event,
+            post_list: 1,
         };
         ok.validate().unwrap();
         let bad = |f: &dyn Fn(&mut Spec)| {

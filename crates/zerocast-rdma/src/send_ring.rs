@@ -41,6 +41,16 @@ impl<T> SendRing<T> {
         (self.slots.len() as u64 / 4).clamp(1, 32)
     }
 
+    /// The most sends one chain may reserve before it is posted. Reserved
+    /// sends cannot complete, and neither can the unsignalled tail (fewer
+    /// than [`signal_every`](Self::signal_every), at most a quarter of the
+    /// ring) until a later signalled send does; so a chain of at most half
+    /// the ring always finds its slots once the signalled sends complete,
+    /// where a longer one could wait for ever.
+    pub(crate) fn max_chain(&self) -> usize {
+        (self.slots.len() / 2).max(1)
+    }
+
     pub(crate) fn outstanding(&self) -> usize {
         (self.tail - self.head) as usize
     }
@@ -181,6 +191,24 @@ mod tests {
             let mut t = SendRing::<()>::new(depth);
             while post(&mut t, false).is_some() {}
             assert!(t.is_full() && t.awaits_completion(), "depth {depth}");
+        }
+    }
+
+    #[test]
+    fn a_chain_of_max_chain_always_finds_its_slots() {
+        for depth in [1, 2, 3, 4, 5, 8, 13, 128, 1000] {
+            let mut t = SendRing::<()>::new(depth);
+            for round in 0..3 * depth {
+                // Only signalled sends complete: the unsignalled tail stays.
+                if let Some(s) = t.last_signalled {
+                    t.complete_through(s);
+                }
+                let chain: Vec<_> = (0..t.max_chain()).map(|_| t.reserve(false)).collect();
+                assert!(chain.iter().all(Option::is_some), "depth {depth}, round {round}");
+                for r in chain.iter().flatten() {
+                    t.posted(r, None);
+                }
+            }
         }
     }
 

@@ -182,6 +182,12 @@ impl RcConfig {
         self
     }
 
+    /// Set the send queue depth (4..=16384, capped by the device).
+    pub fn with_send_depth(mut self, depth: u32) -> Self {
+        self.send_depth = depth;
+        self
+    }
+
     /// Set the size of the receive buffers; larger messages go by rendezvous.
     pub fn with_eager_limit(mut self, bytes: usize) -> Self {
         self.eager_limit = bytes;

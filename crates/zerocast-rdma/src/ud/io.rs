@@ -13,13 +13,14 @@ use std::mem::MaybeUninit;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rdma_sys::{
-    ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_flags, ibv_wc_status, ibv_wr_opcode,
-};
-use zerocast_core::HEADER_LEN;
+use rdma_sys::{ibv_recv_wr, ibv_sge, ibv_wc, ibv_wc_flags, ibv_wc_status};
 use zerocast_mem::{Buf, Pool, Wait};
+
+mod tx;
+
+pub(super) use tx::{Outgoing, CHAIN};
 
 use super::UdError;
 use crate::device::ProtectionDomain;
@@ -286,181 +287,5 @@ impl Io {
     /// Whether a completion may be waiting (armed CQs miss nothing polled after arming).
     pub(super) fn arm_recv(&self) -> Result<(), UdError> {
         self.recv_cq.arm().map_err(|e| UdError::verbs("ibv_req_notify_cq", e))
-    }
-
-    /// Account for completed sends (their buffers go back to the pool).
-    fn reap(&self, t: &mut TxRing) {
-        let mut wcs = [const { MaybeUninit::<ibv_wc>::uninit() }; REAP_BATCH];
-        if t.outstanding() == 0 {
-            return;
-        }
-        loop {
-            let n = match self.send_cq.poll(&mut wcs) {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::warn!(error = %e, "polling the UD send CQ failed");
-                    return;
-                }
-            };
-            for wc in &wcs[..n] {
-                // SAFETY: the poll wrote the first `n` entries.
-                let wc = unsafe { wc.assume_init_ref() };
-                t.complete_through(wc.wr_id);
-                if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
-                    self.counters.send_errors.fetch_add(1, Relaxed);
-                    tracing::debug!(status = wc_status_name(wc.status), "UD send failed");
-                }
-            }
-            if n < REAP_BATCH {
-                return;
-            }
-        }
-    }
-
-    /// Wait until every send posted so far has completed (or `deadline`).
-    /// Sends after the last signalled one are followed by a fence, an
-    /// empty signalled send over `fence_route` (the socket itself), which
-    /// completes after them; without a route, the wait may end `false`.
-    pub(super) fn flush(&self, deadline: Instant, fence_route: &dyn Fn() -> Option<Route>) -> bool {
-        let mut route = None;
-        loop {
-            let mut t = lock(&self.tx);
-            self.reap(&mut t);
-            if t.outstanding() == 0 {
-                return true;
-            }
-            if t.fence_due() && !t.is_full() {
-                drop(t);
-                if route.is_none() {
-                    route = fence_route();
-                }
-                t = lock(&self.tx);
-                if let Some(r) = &route {
-                    if t.fence_due() && !t.is_full() {
-                        if let Err(e) = self.post(&mut t, None, None, r.clone(), true) {
-                            tracing::debug!(error = %e.1, "posting a UD send fence failed");
-                        }
-                    }
-                }
-            }
-            drop(t);
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::yield_now();
-        }
-    }
-
-    /// Post one datagram: `header` (unless raw) and the payload `buf`.
-    /// Waits for a free send slot for up to `timeout` (the clock is read
-    /// only then: on some machines a clock read is a system call).
-    pub(super) fn send(
-        &self,
-        buf: Buf,
-        header: Option<[u8; HEADER_LEN]>,
-        route: Route,
-        timeout: Duration,
-    ) -> Result<(), (Buf, UdError)> {
-        let mut t = lock(&self.tx);
-        // Poll only while a signalled send is out, and at most once per
-        // signalled send's worth of sends.
-        if t.awaits_completion() && t.outstanding() as u64 >= t.signal_every() {
-            self.reap(&mut t);
-        }
-        let mut deadline = None;
-        while t.is_full() {
-            self.reap(&mut t);
-            if !t.is_full() {
-                break;
-            }
-            let now = Instant::now();
-            if now >= *deadline.get_or_insert(now + timeout) {
-                return Err((buf, UdError::SendQueueFull(Duration::ZERO)));
-            }
-            drop(t);
-            std::thread::yield_now();
-            t = lock(&self.tx);
-        }
-        match self.post(&mut t, Some(buf), header, route, false) {
-            Ok(()) => {
-                self.counters.sent.fetch_add(1, Relaxed);
-                Ok(())
-            }
-            Err((buf, e)) => Err((buf.expect("a payload was given"), e)),
-        }
-    }
-
-    /// Post one send in the next slot of `t` (not full): a datagram, or,
-    /// with no header and no buffer, a fence (an empty send without
-    /// immediate data, which receivers of this socket skip).
-    fn post(
-        &self,
-        t: &mut TxRing,
-        buf: Option<Buf>,
-        header: Option<[u8; HEADER_LEN]>,
-        route: Route,
-        force_signal: bool,
-    ) -> Result<(), (Option<Buf>, UdError)> {
-        let Some(r) = t.reserve(force_signal) else {
-            return Err((buf, UdError::SendQueueFull(Duration::ZERO)));
-        };
-        // The payload, then the header: in the spare room of the payload's
-        // buffer when there is some (one scatter entry, as `ib_send_bw`
-        // posts), else from the header slab (two).
-        let mut buf = buf;
-        let mut trailer_in_buf = false;
-        if let (Some(b), Some(h)) = (buf.as_mut(), header.as_ref()) {
-            let len = b.len();
-            if let Some(room) = b.spare_capacity().get_mut(len..len + HEADER_LEN) {
-                room.copy_from_slice(h);
-                trailer_in_buf = true;
-            }
-        }
-        let mut sges = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 2];
-        let mut n = 0;
-        if let Some(b) = buf.as_ref().filter(|b| !b.is_empty() || trailer_in_buf) {
-            let len = b.len() + if trailer_in_buf { HEADER_LEN } else { 0 };
-            sges[0] = ibv_sge { addr: b.addr(), length: len as u32, lkey: b.keys().lkey };
-            n = 1;
-        }
-        if let Some(h) = header.filter(|_| !trailer_in_buf) {
-            self.send_hdr.write(r.slot, &h);
-            sges[n] = ibv_sge {
-                addr: self.send_hdr.addr(r.slot),
-                length: HEADER_LEN as u32,
-                lkey: self.send_hdr.lkey(),
-            };
-            n += 1;
-        }
-        // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).
-        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = r.seq;
-        wr.sg_list = sges.as_mut_ptr();
-        wr.num_sge = n as i32;
-        if buf.is_some() {
-            // With immediate data, the sender's QPN, as rdma_cm multicast peers expect.
-            wr.opcode = ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
-            wr.imm_data_invalidated_rkey_union.imm_data = self.qp.qp_num().to_be();
-        } else {
-            wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
-        }
-        if r.signal {
-            wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
-        }
-        wr.wr.ud = rdma_sys::ud_t { ah: route.ah.as_ptr(), remote_qpn: route.qpn, remote_qkey: route.qkey };
-        // SAFETY: the SGEs point into a registered pool buffer (its payload,
-        // and a trailer only within its capacity) and the registered header
-        // slab (kept in `self`); the ring holds the buffer (with the AH)
-        // until a completion for this send or a later one is polled.
-        match unsafe { self.qp.post_send(std::slice::from_mut(&mut wr)) } {
-            Ok(()) => {
-                t.posted(&r, Some((buf, route.ah)));
-                Ok(())
-            }
-            Err((_, e)) => {
-                t.unreserve(&r);
-                Err((buf, UdError::verbs("ibv_post_send", e)))
-            }
-        }
     }
 }

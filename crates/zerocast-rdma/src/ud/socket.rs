@@ -16,7 +16,7 @@ use zerocast_mem::{Buf, Pool, PoolError, Wait};
 
 use super::cm::Cm;
 use super::datagram::{self, grh_source, UdDatagram, GRH_LEN};
-use super::io::{lock, Io, Route, Sizes};
+use super::io::{lock, Io, Outgoing, Route, Sizes, CHAIN};
 use super::peers::Peers;
 use super::{UdConfig, UdError, UdTransport, RDMA_UDP_QKEY};
 use crate::cm::{context_name, CmId, EventChannel};
@@ -239,14 +239,71 @@ impl UdSocket {
     /// [`UdError::SendQueueFull`], or a verbs error. Success means the
     /// datagram was posted, not that it arrives.
     pub fn send_to(&self, buf: Buf, to: &SocketAddr) -> Result<(), (Buf, UdError)> {
-        let len = buf.len();
+        let (header, route) = match self.route_to(buf.len(), to) {
+            Ok(r) => r,
+            Err(e) => return Err((buf, e)),
+        };
+        self.io.send(buf, header, route, self.cfg.send_timeout).map_err(|(b, e)| (b, self.timed(e)))
+    }
+
+    /// Send the datagrams of `batch` in order, posted as chains of work
+    /// requests: one system call per chain of up to 32 datagrams, where
+    /// [`send_to`](Self::send_to) makes one per datagram.
+    ///
+    /// Each datagram sent is taken out of `batch`, which keeps its
+    /// capacity for the next batch. On error, the datagram that failed and
+    /// every one after it stay in `batch`, in order, with their buffers;
+    /// the errors are those of `send_to`.
+    pub fn send_batch(&self, batch: &mut Vec<(Buf, SocketAddr)>) -> Result<(), UdError> {
+        while !batch.is_empty() {
+            let mut routes: [Option<(Option<[u8; HEADER_LEN]>, Route)>; CHAIN] =
+                std::array::from_fn(|_| None);
+            let mut refused = None;
+            let mut n = 0;
+            for (buf, to) in batch.iter().take(CHAIN) {
+                match self.route_to(buf.len(), to) {
+                    Ok(r) => routes[n] = Some(r),
+                    Err(e) => {
+                        refused = Some(e);
+                        break;
+                    }
+                }
+                n += 1;
+            }
+            let mut chain: [Option<Outgoing>; CHAIN] = std::array::from_fn(|_| None);
+            let mut dests: [Option<SocketAddr>; CHAIN] = [None; CHAIN];
+            for (((buf, to), route), (slot, dest)) in
+                batch.drain(..n).zip(routes.iter_mut()).zip(chain.iter_mut().zip(dests.iter_mut()))
+            {
+                if let Some((header, route)) = route.take() {
+                    *slot = Some(Outgoing { buf, header, route });
+                    *dest = Some(to);
+                }
+            }
+            let sent = self.io.send_chain(&mut chain[..n], self.cfg.send_timeout);
+            // What was not posted goes back to the front, in order (within
+            // the capacity it had, so without allocating).
+            let unsent = chain[..n].iter_mut().zip(dests).filter_map(|(o, to)| Some((o.take()?.buf, to?)));
+            batch.splice(0..0, unsent);
+            sent.map_err(|e| self.timed(e))?;
+            if let Some(e) = refused {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Check a datagram of `len` bytes to `to`, and take its header (with
+    /// the destination's next sequence number; none on a raw socket) and
+    /// its route, resolving `to` the first time.
+    fn route_to(&self, len: usize, to: &SocketAddr) -> Result<(Option<[u8; HEADER_LEN]>, Route), UdError> {
         if len > self.max_datagram {
-            return Err((buf, UdError::TooLarge { len, max: self.max_datagram, mtu: self.mtu }));
+            return Err(UdError::TooLarge { len, max: self.max_datagram, mtu: self.mtu });
         }
         if to.ip().is_multicast() {
             if let Some(g) = lock(&self.groups).get(&to.ip()) {
                 if g.failed.load(Relaxed) {
-                    return Err((buf, UdError::GroupFailed { group: to.ip() }));
+                    return Err(UdError::GroupFailed { group: to.ip() });
                 }
             }
         }
@@ -254,23 +311,25 @@ impl UdSocket {
         let mut dests = lock(&self.dests);
         if dests.get_mut(&key).is_none() {
             drop(dests);
-            if let Err(e) = self.add_route(to) {
-                return Err((buf, e));
-            }
+            self.add_route(to)?;
             dests = lock(&self.dests);
         }
         let Some(d) = dests.get_mut(&key) else {
-            return Err((buf, UdError::Failed(format!("the route to {to} vanished"))));
+            return Err(UdError::Failed(format!("the route to {to} vanished")));
         };
         let seq = d.seq;
         d.seq = d.seq.wrapping_add(1);
         let route = Route { ah: d.ah.clone(), qpn: d.qpn, qkey: d.qkey };
         drop(dests);
-        let header = (!self.cfg.raw).then(|| datagram::header(seq, len, self.local.port()));
-        self.io.send(buf, header, route, self.cfg.send_timeout).map_err(|(b, e)| match e {
-            UdError::SendQueueFull(_) => (b, UdError::SendQueueFull(self.cfg.send_timeout)),
-            e => (b, e),
-        })
+        Ok(((!self.cfg.raw).then(|| datagram::header(seq, len, self.local.port())), route))
+    }
+
+    /// A full send queue is reported with the configured wait.
+    fn timed(&self, e: UdError) -> UdError {
+        match e {
+            UdError::SendQueueFull(_) => UdError::SendQueueFull(self.cfg.send_timeout),
+            e => e,
+        }
     }
 
     /// Resolve `to` and cache its route.
@@ -655,6 +714,10 @@ impl Datagram for UdSocket {
 
     fn send_to(&self, buf: Buf, to: &SocketAddr) -> Result<(), (Buf, UdError)> {
         UdSocket::send_to(self, buf, to)
+    }
+
+    fn send_batch(&self, batch: &mut Vec<(Buf, SocketAddr)>) -> Result<(), UdError> {
+        UdSocket::send_batch(self, batch)
     }
 
     fn recv_from(&self, deadline: Option<Instant>) -> Result<(UdDatagram, SocketAddr), RecvError> {

@@ -13,10 +13,14 @@ use socket2::Socket;
 use zerocast_core::{ConnError, HEADER_LEN};
 use zerocast_link::{Driver, Frame, Wire, WireCtx};
 
-/// Frames per `writev` call.
-const CHUNK: usize = 64;
 /// Payloads up to this size are copied into the staging buffer.
 const COPY_MAX: usize = 2048;
+/// Most bytes staged for one `writev`: a batch of small frames goes out in
+/// as few calls as this allows, whatever their number.
+const STAGE_MAX: usize = 128 * 1024;
+/// Most slices of one `writev` (staged runs and large payloads); far below
+/// the kernel's `IOV_MAX` of 1024.
+const PIECES: usize = 129;
 
 /// A piece of one `writev`: a range of staging, or a frame's own payload.
 #[derive(Clone, Copy)]
@@ -34,8 +38,8 @@ pub(super) fn run(sock: Arc<Socket>, driver: &Driver) {
     }
     let wire = TcpWire {
         sock: sock.clone(),
-        // Sized once for the worst chunk, so it never grows while running.
-        staging: Vec::with_capacity(CHUNK * (HEADER_LEN + COPY_MAX)),
+        // Sized once for the fullest call, so it never grows while running.
+        staging: Vec::with_capacity(STAGE_MAX),
     };
     driver.run_writer(Box::new(wire));
     if driver.error().is_some() {
@@ -56,29 +60,43 @@ struct TcpWire {
 
 impl Wire for TcpWire {
     fn write(&mut self, frames: &mut [Frame], ctx: &WireCtx<'_>) -> Result<(), ConnError> {
-        for chunk in frames.chunks(CHUNK) {
-            if let Err(e) = write_chunk(&self.sock, ctx, chunk, &mut self.staging) {
-                tracing::debug!(peer = %ctx.peer(), error = %e, "tcp write failed");
-                let _ = self.sock.shutdown(Shutdown::Both);
-                return Err(e);
+        let mut rest = &frames[..];
+        while !rest.is_empty() {
+            match write_chunk(&self.sock, ctx, rest, &mut self.staging) {
+                Ok(taken) => rest = &rest[taken..],
+                Err(e) => {
+                    tracing::debug!(peer = %ctx.peer(), error = %e, "tcp write failed");
+                    let _ = self.sock.shutdown(Shutdown::Both);
+                    return Err(e);
+                }
             }
         }
         Ok(())
     }
 }
 
+/// Write the longest run of `frames` from the front that fits one `writev`
+/// (at least one frame); how many frames that was.
 fn write_chunk(
     sock: &Socket,
     ctx: &WireCtx<'_>,
     frames: &[Frame],
     staging: &mut Vec<u8>,
-) -> Result<(), ConnError> {
-    debug_assert!(frames.len() <= CHUNK);
-    let mut pieces = [Piece::Staged(0, 0); 2 * CHUNK + 1];
+) -> Result<usize, ConnError> {
+    let mut pieces = [Piece::Staged(0, 0); PIECES];
     let mut n = 0;
     staging.clear();
     let mut run_start = 0;
+    let mut taken = 0;
     for (i, f) in frames.iter().enumerate() {
+        let len = f.payload.as_ref().map_or(0, |p| p.len());
+        let staged = HEADER_LEN + if len > COPY_MAX { 0 } else { len };
+        // A frame may close a run and add its payload (two slices), and
+        // the last run needs one more.
+        if i > 0 && (staging.len() + staged > STAGE_MAX || n + 3 > PIECES) {
+            break;
+        }
+        taken = i + 1;
         staging.extend_from_slice(&f.header.encode());
         match &f.payload {
             Some(p) if p.len() > COPY_MAX => {
@@ -95,7 +113,7 @@ fn write_chunk(
         pieces[n] = Piece::Staged(run_start, staging.len());
         n += 1;
     }
-    let mut iov = [IoSlice::new(&[]); 2 * CHUNK + 1];
+    let mut iov = [IoSlice::new(&[]); PIECES];
     for (slot, piece) in iov.iter_mut().zip(&pieces[..n]) {
         *slot = match *piece {
             Piece::Staged(a, b) => IoSlice::new(&staging[a..b]),
@@ -115,5 +133,5 @@ fn write_chunk(
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(())
+    Ok(taken)
 }

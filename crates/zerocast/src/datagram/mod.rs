@@ -46,7 +46,7 @@ use std::net::SocketAddr;
 use std::ops::Deref;
 use std::time::{Duration, Instant};
 
-use zerocast_core::{Endpoint, RecvError, Scheme, SeqStats, TransportList};
+use zerocast_core::{Datagram, Endpoint, RecvError, Scheme, SeqStats, TransportList};
 use zerocast_mem::{Buf, Pool, PoolError};
 
 pub use typed::{DatagramReceiver, DatagramSendError, DatagramSender, TypedDatagramError};
@@ -239,6 +239,16 @@ impl DatagramSocket {
     /// not delivered.
     pub fn send_to(&self, buf: Buf, to: &SocketAddr) -> Result<(), (Buf, DatagramError)> {
         each!(self, s => s.send_to(buf, to).map_err(|(b, e)| (b, e.into())))
+    }
+
+    /// Send the datagrams of `batch` in order. Each one sent is taken out
+    /// of `batch`, which keeps its capacity; on error, the datagram that
+    /// failed and every one after it stay in `batch`, in order, with their
+    /// buffers. Over RDMA UD they are posted as chains of work requests,
+    /// one system call per chain of up to 32 datagrams; over UDP, one call
+    /// each, as [`send_to`](Self::send_to).
+    pub fn send_batch(&self, batch: &mut Vec<(Buf, SocketAddr)>) -> Result<(), DatagramError> {
+        each!(self, s => Datagram::send_batch(s, batch).map_err(Into::into))
     }
 
     /// Receive one datagram and its source (which a reply can be sent to),

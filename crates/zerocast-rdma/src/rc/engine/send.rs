@@ -47,6 +47,8 @@ impl SendTable {
 pub(super) struct RcWire {
     io: Arc<Io>,
     scratch: Scratch,
+    /// The most frames posted as one chain ([`SendRing::max_chain`]).
+    max_chain: usize,
 }
 
 /// Work requests and scatter lists under construction, kept between posts.
@@ -67,7 +69,8 @@ impl Wire for RcWire {
     fn write(&mut self, frames: &mut [Frame], ctx: &WireCtx<'_>) -> Result<(), ConnError> {
         let io = &*self.io;
         let mut rest = frames;
-        // Post in parts, each with no more rendezvous than may be started.
+        // Post in parts, each no longer than a chain may be, and with no
+        // more rendezvous than may be started.
         while !rest.is_empty() {
             let large = |f: &Frame| by_rendezvous(io, f);
             let mut free = usize::MAX;
@@ -79,7 +82,7 @@ impl Wire for RcWire {
                 }
             }
             let mut n = 0;
-            for f in rest.iter() {
+            for f in rest.iter().take(self.max_chain) {
                 if large(f) {
                     if free == 0 {
                         break;
@@ -99,7 +102,8 @@ impl Wire for RcWire {
 /// The writer thread: posts what sending threads queued, then waits for
 /// the last sends to complete and closes the QP.
 pub(super) fn sender(io: &Arc<Io>, driver: &Driver) {
-    driver.run_writer(Box::new(RcWire { io: io.clone(), scratch: Scratch::default() }));
+    let max_chain = lock(&io.send).ring.max_chain();
+    driver.run_writer(Box::new(RcWire { io: io.clone(), scratch: Scratch::default(), max_chain }));
     // Let our last sends (the goodbye) be acknowledged, and the peer read
     // our rendezvous payloads, before disconnecting. A peer that fails
     // meanwhile closes the connection, which ends the wait.

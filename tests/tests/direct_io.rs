@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use zerocast_tests::{direct_io, Transport};
+use zerocast::{Config, LinkConfig, Zerocast};
+use zerocast_tests::{direct_io, suite, Transport};
 
 fn tcp() -> Transport {
     Transport::new("tcp://127.0.0.1:0", 64)
@@ -40,4 +41,17 @@ fn a_try_recv_loop_reads_the_socket_itself() {
 #[test]
 fn a_try_send_loop_gets_its_credit_back() {
     direct_io::a_try_send_loop_gets_its_credit_back(&tcp(), 20_000, drained);
+}
+
+/// Writer batches of up to 1,024 mixed-size frames: each goes out as
+/// several `writev` calls, split where the staging buffer or the slice
+/// list fills, and every message arrives whole and in order.
+#[test]
+fn batches_larger_than_one_write_arrive_whole() {
+    let link = LinkConfig::default().with_recv_window(1024).with_max_batch(1024);
+    let t = Transport {
+        zc: Zerocast::with_config(Config::default().with_link(link)),
+        listen_uri: "tcp://127.0.0.1:0",
+    };
+    suite::integrity(&t, 100_000);
 }

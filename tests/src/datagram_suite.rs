@@ -118,12 +118,15 @@ pub fn unicast_typed(env: &DatagramEnv, n: u64) {
     crate::assert_pool_drained(&pool, Duration::from_secs(10));
 }
 
-/// `batches` batches of `per` datagrams sent with `send_batch` arrive in
-/// order, each intact; a batch with an oversize datagram in the middle sends
+/// `batches` batches of `per` datagrams sent with `send_batch` to a
+/// destination resolved ahead arrive in order, each intact; a batch with an oversize datagram in the middle sends
 /// the ones before it and hands back that one and the rest, in order.
 pub fn batches_in_order(env: &DatagramEnv, batches: u64, per: u64) {
     let (a, b) = (env.bind(), env.bind());
     let b_at = b.local_addr();
+    // Resolved ahead of the first send; resolving again does nothing.
+    a.resolve(&b_at).expect("resolve");
+    a.resolve(&b_at).expect("resolve again");
     let n = batches * per;
     let got = Arc::new(AtomicU64::new(0));
     let counter = got.clone();

@@ -332,6 +332,22 @@ impl UdSocket {
         }
     }
 
+    /// Resolve the route to `to` (a peer, or a group: a send-only join)
+    /// now, so that the first send to it does not wait for rdma_cm. Sends
+    /// resolve on their own; this only moves the wait. Resolving a known
+    /// destination does nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`send_to`](Self::send_to): [`UdError::Resolve`],
+    /// [`UdError::GroupFailed`] and the like.
+    pub fn resolve(&self, to: &SocketAddr) -> Result<(), UdError> {
+        if lock(&self.dests).get(&dest_key(to)).is_some() {
+            return Ok(());
+        }
+        self.add_route(to)
+    }
+
     /// Resolve `to` and cache its route.
     fn add_route(&self, to: &SocketAddr) -> Result<(), UdError> {
         if to.ip().is_multicast() {

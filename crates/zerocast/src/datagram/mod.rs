@@ -241,6 +241,17 @@ impl DatagramSocket {
         each!(self, s => s.send_to(buf, to).map_err(|(b, e)| (b, e.into())))
     }
 
+    /// Resolve the route to `to` now, so that the first send does not wait
+    /// for it: over RDMA UD, an rdma_cm address and route resolution (or a
+    /// send-only join of a group); over UDP there is nothing to do.
+    pub fn resolve(&self, to: &SocketAddr) -> Result<(), DatagramError> {
+        match &self.flavor {
+            Flavor::Udp(_) => Ok(()),
+            #[cfg(feature = "rdma")]
+            Flavor::Ud(s) => s.resolve(to).map_err(Into::into),
+        }
+    }
+
     /// Send the datagrams of `batch` in order. Each one sent is taken out
     /// of `batch`, which keeps its capacity; on error, the datagram that
     /// failed and every one after it stay in `batch`, in order, with their

@@ -149,7 +149,9 @@ impl Io {
         items: &mut [Option<Outgoing>],
         timeout: Duration,
     ) -> Result<(), UdError> {
-        let mut wrs: [ibv_send_wr; CHAIN] = std::array::from_fn(|_| zeroed_wr());
+        // Written one by one below (zeroed by `prepare`), not zeroed here
+        // as a whole: the list is 4 KiB.
+        let mut wrs = [const { MaybeUninit::<ibv_send_wr>::uninit() }; CHAIN];
         let mut sges = [[ibv_sge { addr: 0, length: 0, lkey: 0 }; 2]; CHAIN];
         let mut reserved: [Option<Reserved>; CHAIN] = [None; CHAIN];
         for part in items.chunks_mut(CHAIN) {
@@ -163,17 +165,14 @@ impl Io {
                 while n < rest.len().min(t.max_chain()) {
                     let Some(o) = rest[n].as_mut() else { break };
                     let Some(r) = t.reserve(false) else { break };
-                    self.prepare(
-                        &r,
-                        Some(&mut o.buf),
-                        o.header.as_ref(),
-                        &o.route,
-                        &mut wrs[n],
-                        &mut sges[n],
-                    );
+                    let wr = wrs[n].write(zeroed_wr());
+                    self.prepare(&r, Some(&mut o.buf), o.header.as_ref(), &o.route, wr, &mut sges[n]);
                     reserved[n] = Some(r);
                     n += 1;
                 }
+                // SAFETY: the first `n` entries were written just above.
+                let wrs =
+                    unsafe { std::slice::from_raw_parts_mut(wrs.as_mut_ptr().cast::<ibv_send_wr>(), n) };
                 for i in 0..n {
                     wrs[i].sg_list = sges[i].as_mut_ptr();
                     wrs[i].next =
@@ -182,7 +181,7 @@ impl Io {
                 // SAFETY: as in `post`, for each WR of the chain: its SGEs
                 // point into a registered pool buffer held in `rest` until
                 // the ring takes it below, or into the header slab.
-                let result = unsafe { self.qp.post_send(&mut wrs[..n]) };
+                let result = unsafe { self.qp.post_send(wrs) };
                 let posted = match &result {
                     Ok(()) => n,
                     Err((posted, _)) => *posted,

@@ -246,7 +246,10 @@ impl DatagramSocket {
     /// send-only join of a group); over UDP there is nothing to do.
     pub fn resolve(&self, to: &SocketAddr) -> Result<(), DatagramError> {
         match &self.flavor {
-            Flavor::Udp(_) => Ok(()),
+            Flavor::Udp(_) => {
+                let _ = to;
+                Ok(())
+            }
             #[cfg(feature = "rdma")]
             Flavor::Ud(s) => s.resolve(to).map_err(Into::into),
         }

@@ -16,6 +16,7 @@ use zerocast_benches::{BoxError, PingPong, RawPing, ZcPing};
 type Make = fn(usize) -> Result<Box<dyn PingPong>, BoxError>;
 
 fn contenders() -> Vec<(&'static str, Make)> {
+    #[cfg_attr(not(feature = "zeromq"), allow(unused_mut))]
     let mut v: Vec<(&'static str, Make)> = vec![
         ("zc_tcp_raw", |s| Ok(Box::new(ZcPing::new("tcp://127.0.0.1:0", s)?))),
         ("zc_mem_raw", |s| Ok(Box::new(ZcPing::new("mem://latency", s)?))),

@@ -167,10 +167,11 @@ fn main() -> Result<()> {
     // I/O threads hand their last buffers back asynchronously.
     let in_use = || {
         #[cfg(feature = "rdma")]
-        let rc = uri.starts_with("rc").then(|| zc.rc().map_or(0, |t| t.pool().stats().buffers_in_use));
+        let rc =
+            if uri.starts_with("rc") { zc.rc().map_or(0, |t| t.pool().stats().buffers_in_use) } else { 0 };
         #[cfg(not(feature = "rdma"))]
-        let rc: Option<usize> = None;
-        zc.pool().map(|p| p.stats().buffers_in_use).unwrap_or(0) + rc.unwrap_or(0)
+        let rc = 0;
+        zc.pool().map(|p| p.stats().buffers_in_use).unwrap_or(0) + rc
     };
     let settle = Instant::now();
     while in_use() != 0 && settle.elapsed() < Duration::from_secs(10) {

@@ -36,6 +36,7 @@ type Make = fn(usize, u64) -> Result<Box<dyn Pipe>, BoxError>;
 /// Every contender: its name, and how to build its pipe for a size (or not,
 /// for a size it cannot carry).
 fn contenders() -> Vec<(&'static str, Make)> {
+    #[cfg_attr(not(feature = "zeromq"), allow(unused_mut))]
     let mut v: Vec<(&'static str, Make)> = vec![
         ("zc_mem_raw", |s, n| Ok(Box::new(ZcPipe::with_link("mem://transports", s, n, link_for(s))?))),
         ("zc_mem_typed", |s, n| Ok(Box::new(TypedBytesPipe::new("mem://transports-typed", s, n)?))),

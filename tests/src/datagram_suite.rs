@@ -119,8 +119,9 @@ pub fn unicast_typed(env: &DatagramEnv, n: u64) {
 }
 
 /// `batches` batches of `per` datagrams sent with `send_batch` to a
-/// destination resolved ahead arrive in order, each intact; a batch with an oversize datagram in the middle sends
-/// the ones before it and hands back that one and the rest, in order.
+/// destination resolved ahead arrive in order, each intact; a batch with
+/// an oversize datagram in the middle sends the ones before it and hands
+/// back that one and the rest, in order.
 pub fn batches_in_order(env: &DatagramEnv, batches: u64, per: u64) {
     let (a, b) = (env.bind(), env.bind());
     let b_at = b.local_addr();

@@ -19,7 +19,9 @@ pub struct LinkConfig {
     pub recv_window: u32,
     /// Largest message payload, in bytes. Frames announcing more are refused.
     pub max_payload: u64,
-    /// Frames gathered into one write (stream transports).
+    /// Frames the writer gathers into one batch: one `writev` on TCP (as
+    /// many as fit its staging), one post on RDMA RC (in chains of at most
+    /// half the send queue).
     pub max_batch: usize,
     /// Heartbeat interval, off (`None`) by default. When either side sets
     /// one, the connection uses the shorter of the two: each side sends a

@@ -47,6 +47,13 @@ struct Dest {
     seq: u32,
 }
 
+impl Dest {
+    /// Where a send to this destination goes.
+    fn route(&self) -> Route {
+        Route { ah: self.ah.clone(), qpn: self.qpn, qkey: self.qkey }
+    }
+}
+
 /// A group this socket joined (or only sends to).
 struct Group {
     id: CmId,
@@ -319,7 +326,7 @@ impl UdSocket {
         };
         let seq = d.seq;
         d.seq = d.seq.wrapping_add(1);
-        let route = Route { ah: d.ah.clone(), qpn: d.qpn, qkey: d.qkey };
+        let route = d.route();
         drop(dests);
         Ok(((!self.cfg.raw).then(|| datagram::header(seq, len, self.local.port())), route))
     }
@@ -616,15 +623,11 @@ impl UdSocket {
             // must not reach other members of a group.
             return None;
         }
-        let key = dest_key(&self.local);
-        if let Some(d) = lock(&self.dests).get(&key) {
-            return Some(Route { ah: d.ah.clone(), qpn: d.qpn, qkey: d.qkey });
-        }
-        if let Err(e) = self.add_route(&self.local) {
+        if let Err(e) = self.resolve(&self.local) {
             tracing::warn!(error = %e, "cannot resolve this UD socket's own address for a send fence");
             return None;
         }
-        lock(&self.dests).get(&key).map(|d| Route { ah: d.ah.clone(), qpn: d.qpn, qkey: d.qkey })
+        lock(&self.dests).get(&dest_key(&self.local)).map(Dest::route)
     }
 
     /// Largest payload a datagram may carry: the active MTU less the

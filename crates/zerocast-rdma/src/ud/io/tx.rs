@@ -149,60 +149,56 @@ impl Io {
         items: &mut [Option<Outgoing>],
         timeout: Duration,
     ) -> Result<(), UdError> {
-        // Written one by one below (zeroed by `prepare`), not zeroed here
-        // as a whole: the list is 4 KiB.
+        // Written one by one below, not zeroed here as a whole: the list
+        // is 4 KiB.
         let mut wrs = [const { MaybeUninit::<ibv_send_wr>::uninit() }; CHAIN];
         let mut sges = [[ibv_sge { addr: 0, length: 0, lkey: 0 }; 2]; CHAIN];
         let mut reserved: [Option<Reserved>; CHAIN] = [None; CHAIN];
-        for part in items.chunks_mut(CHAIN) {
-            let mut done = 0;
-            while done < part.len() {
-                let Some(mut t) = self.tx_with_room(timeout) else {
-                    return Err(UdError::SendQueueFull(Duration::ZERO));
-                };
-                let rest = &mut part[done..];
-                let mut n = 0;
-                while n < rest.len().min(t.max_chain()) {
-                    let Some(o) = rest[n].as_mut() else { break };
-                    let Some(r) = t.reserve(false) else { break };
-                    let wr = wrs[n].write(zeroed_wr());
-                    self.prepare(&r, Some(&mut o.buf), o.header.as_ref(), &o.route, wr, &mut sges[n]);
-                    reserved[n] = Some(r);
-                    n += 1;
-                }
-                // SAFETY: the first `n` entries were written just above.
-                let wrs =
-                    unsafe { std::slice::from_raw_parts_mut(wrs.as_mut_ptr().cast::<ibv_send_wr>(), n) };
-                for i in 0..n {
-                    wrs[i].sg_list = sges[i].as_mut_ptr();
-                    wrs[i].next =
-                        if i + 1 < n { &mut wrs[i + 1] as *mut ibv_send_wr } else { std::ptr::null_mut() };
-                }
-                // SAFETY: as in `post`, for each WR of the chain: its SGEs
-                // point into a registered pool buffer held in `rest` until
-                // the ring takes it below, or into the header slab.
-                let result = unsafe { self.qp.post_send(wrs) };
-                let posted = match &result {
-                    Ok(()) => n,
-                    Err((posted, _)) => *posted,
-                };
-                for (entry, r) in rest.iter_mut().zip(reserved.iter_mut()).take(posted) {
-                    if let (Some(o), Some(r)) = (entry.take(), r.take()) {
-                        t.posted(&r, Some((Some(o.buf), o.route.ah)));
-                    }
-                }
-                self.counters.sent.fetch_add(posted as u64, Relaxed);
-                if let Err((_, e)) = result {
-                    if let Some(r) = reserved[posted].take() {
-                        t.unreserve_from(r.seq);
-                    }
-                    return Err(UdError::verbs("ibv_post_send", e));
-                }
-                if n == 0 {
-                    return Err(UdError::Failed("an empty entry in a send chain".into()));
-                }
-                done += n;
+        let mut done = 0;
+        while done < items.len() {
+            let Some(mut t) = self.tx_with_room(timeout) else {
+                return Err(UdError::SendQueueFull(Duration::ZERO));
+            };
+            let rest = &mut items[done..];
+            let mut n = 0;
+            while n < rest.len().min(t.max_chain()).min(CHAIN) {
+                let Some(o) = rest[n].as_mut() else { break };
+                let Some(r) = t.reserve(false) else { break };
+                wrs[n].write(self.prepare(&r, Some(&mut o.buf), o.header.as_ref(), &o.route, &mut sges[n]));
+                reserved[n] = Some(r);
+                n += 1;
             }
+            // SAFETY: the first `n` entries were written just above.
+            let wrs = unsafe { std::slice::from_raw_parts_mut(wrs.as_mut_ptr().cast::<ibv_send_wr>(), n) };
+            for i in 0..n {
+                wrs[i].sg_list = sges[i].as_mut_ptr();
+                wrs[i].next =
+                    if i + 1 < n { &mut wrs[i + 1] as *mut ibv_send_wr } else { std::ptr::null_mut() };
+            }
+            // SAFETY: as in `post`, for each WR of the chain: its SGEs
+            // point into a registered pool buffer held in `rest` until
+            // the ring takes it below, or into the header slab.
+            let result = unsafe { self.qp.post_send(wrs) };
+            let posted = match &result {
+                Ok(()) => n,
+                Err((posted, _)) => *posted,
+            };
+            for (entry, r) in rest.iter_mut().zip(reserved.iter_mut()).take(posted) {
+                if let (Some(o), Some(r)) = (entry.take(), r.take()) {
+                    t.posted(&r, Some((Some(o.buf), o.route.ah)));
+                }
+            }
+            self.counters.sent.fetch_add(posted as u64, Relaxed);
+            if let Err((_, e)) = result {
+                if let Some(r) = reserved[posted].take() {
+                    t.unreserve_from(r.seq);
+                }
+                return Err(UdError::verbs("ibv_post_send", e));
+            }
+            if n == 0 {
+                return Err(UdError::Failed("an empty entry in a send chain".into()));
+            }
+            done += n;
         }
         Ok(())
     }
@@ -222,9 +218,8 @@ impl Io {
             return Err((buf, UdError::SendQueueFull(Duration::ZERO)));
         };
         let mut buf = buf;
-        let mut wr = zeroed_wr();
         let mut sges = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 2];
-        self.prepare(&r, buf.as_mut(), header.as_ref(), &route, &mut wr, &mut sges);
+        let mut wr = self.prepare(&r, buf.as_mut(), header.as_ref(), &route, &mut sges);
         wr.sg_list = sges.as_mut_ptr();
         // SAFETY: the SGEs point into a registered pool buffer (its payload,
         // and a trailer only within its capacity) and the registered header
@@ -242,8 +237,8 @@ impl Io {
         }
     }
 
-    /// Fill the work request of reserved send `r` and its scatter list
-    /// (`wr.sg_list` is the caller's to set): the payload, then the
+    /// The work request of reserved send `r`, with its scatter list filled
+    /// in `sges` (`sg_list` is the caller's to set): the payload, then the
     /// header, in the spare room of the payload's buffer when there is
     /// some (one scatter entry, as `ib_send_bw` posts), else from the
     /// header slab (two).
@@ -253,9 +248,8 @@ impl Io {
         buf: Option<&mut Buf>,
         header: Option<&[u8; HEADER_LEN]>,
         route: &Route,
-        wr: &mut ibv_send_wr,
         sges: &mut [ibv_sge; 2],
-    ) {
+    ) -> ibv_send_wr {
         let mut trailer_in_buf = false;
         let has_buf = buf.is_some();
         let mut n = 0;
@@ -282,7 +276,7 @@ impl Io {
             };
             n += 1;
         }
-        *wr = zeroed_wr();
+        let mut wr = zeroed_wr();
         wr.wr_id = r.seq;
         wr.num_sge = n as i32;
         if has_buf {
@@ -296,6 +290,7 @@ impl Io {
             wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
         }
         wr.wr.ud = rdma_sys::ud_t { ah: route.ah.as_ptr(), remote_qpn: route.qpn, remote_qkey: route.qkey };
+        wr
     }
 }
 

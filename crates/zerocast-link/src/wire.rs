@@ -125,31 +125,26 @@ impl Shared {
     /// Write a data frame on the calling thread if the wire allows it now
     /// (see the module docs). `Ok(())`: handled (written, or the connection
     /// failed while writing; later calls report it). `Err`: not handled; the
-    /// state lock is held again and the caller queues the frame.
+    /// state lock, held throughout, comes back and the caller queues the frame.
     pub(crate) fn try_direct<'a>(
         &'a self,
-        st: std::sync::MutexGuard<'a, State>,
+        mut st: std::sync::MutexGuard<'a, State>,
         buf: Buf,
         r: Reservation,
     ) -> Result<(), (std::sync::MutexGuard<'a, State>, Buf, Reservation)> {
         let Some(wire) = self.wire.0.get() else { return Err((st, buf, r)) };
         let quiet = st.credits.outstanding() <= DIRECT_MAX_OUTSTANDING;
-        if st.queued_data > 0 || !(quiet || buf.len() >= DIRECT_LARGE) {
+        if st.queued_data > 0 || st.goodbye_sent || !(quiet || buf.len() >= DIRECT_LARGE) {
             return Err((st, buf, r));
         }
-        drop(st);
+        // The state stays locked: the wire is only tried, never waited
+        // for, against the usual order (the wire first), so no thread
+        // holding the wire and waiting for the state is waited on.
         let mut w = match wire.try_lock() {
             Ok(w) => w,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return Err((self.lock(), buf, r)),
+            Err(TryLockError::WouldBlock) => return Err((st, buf, r)),
         };
-        let mut st = self.lock();
-        // Checked again under the wire lock: a frame queued, or a goodbye
-        // stamped, since.
-        if st.queued_data > 0 || st.goodbye_sent || st.failed.is_some() {
-            drop(w);
-            return Err((st, buf, r));
-        }
         self.fold_releases(&mut st);
         let starved = st.credits.peer_may_be_starved();
         let stamp = st.credits.commit(r);

@@ -68,6 +68,11 @@ unsafe impl Send for Scratch {}
 impl Wire for RcWire {
     fn write(&mut self, frames: &mut [Frame], ctx: &WireCtx<'_>) -> Result<(), ConnError> {
         let io = &*self.io;
+        if let [frame] = frames {
+            if frame.tag == 0 && !by_rendezvous(io, frame) {
+                return post_one(io, frame).map_err(ConnError::transport);
+            }
+        }
         let mut rest = frames;
         // Post in parts, each no longer than a chain may be, and with no
         // more rendezvous than may be started.
@@ -208,8 +213,7 @@ fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
             _ => frame.header,
         };
         io.send_hdr.write(r.slot, &header.encode());
-        let hdr =
-            ibv_sge { addr: io.send_hdr.addr(r.slot), length: HEADER_LEN as u32, lkey: io.send_hdr.lkey() };
+        let hdr = header_sge(io, r.slot);
         let (payload, num) = match &frame.payload {
             _ if large => (
                 ibv_sge {
@@ -270,6 +274,58 @@ fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
         return Err(RcError::verbs("ibv_post_send", e));
     }
     Ok(())
+}
+
+/// [`post_batch`] for one plain frame, the usual write of a sending thread
+/// on a quiet link: one work request, built on the stack while the ring is
+/// locked once, and signalled on the same terms.
+fn post_one(io: &Io, frame: &mut Frame) -> Result<(), RcError> {
+    let len = frame.payload.as_ref().map_or(0, |b| b.len());
+    let inline = HEADER_LEN + len <= io.qp.max_inline() as usize;
+    let signal = (!inline && len > 0) || frame.header.kind != FrameKind::Data;
+    let mut t = lock(&io.send);
+    let r = loop {
+        if let Some(r) = t.ring.reserve(signal) {
+            break r;
+        }
+        if io.is_closing() {
+            return Ok(());
+        }
+        t = wait_send(io, t);
+    };
+    io.send_hdr.write(r.slot, &frame.header.encode());
+    let mut sges = [header_sge(io, r.slot), ibv_sge { addr: 0, length: 0, lkey: 0 }];
+    if let Some(b) = frame.payload.as_ref().filter(|_| len > 0) {
+        sges[1] = ibv_sge { addr: b.addr(), length: len as u32, lkey: b.keys().lkey };
+    }
+    // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).
+    let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+    wr.wr_id = r.seq;
+    wr.sg_list = sges.as_mut_ptr();
+    wr.num_sge = if len > 0 { 2 } else { 1 };
+    wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+    wr.send_flags = send_flags(&r, inline);
+    // SAFETY: the SGEs point into the registered header slab (kept in
+    // `io`) and a registered pool buffer, kept in `frame` during the call
+    // and in the send ring after it until its completion is polled (an
+    // inline payload is copied by the call); `sges` outlives the call. The
+    // ring stays locked from the post until the payload is in it.
+    match unsafe { io.qp.post_send(std::slice::from_mut(&mut wr)) } {
+        Ok(()) => {
+            let keep = if inline { None } else { frame.payload.take() };
+            t.ring.posted(&r, keep);
+            Ok(())
+        }
+        Err((_, e)) => {
+            t.ring.unreserve(&r);
+            Err(RcError::verbs("ibv_post_send", e))
+        }
+    }
+}
+
+/// The scatter entry of send slot `slot`'s header.
+fn header_sge(io: &Io, slot: usize) -> ibv_sge {
+    ibv_sge { addr: io.send_hdr.addr(slot), length: HEADER_LEN as u32, lkey: io.send_hdr.lkey() }
 }
 
 /// Whether the device copies `frame` into the work request at post time.

@@ -273,6 +273,10 @@ fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process:
     }
 }
 
+/// `mckey` sends its datagrams unpaced, and UD may drop some of such a
+/// burst below the receiver (a loaded guest did: 73 of 100 arrived once).
+/// Every datagram that arrives must be well formed and counted, in every
+/// burst; up to three bursts are sent until one arrives whole.
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
 fn raw_receiver_counts_every_mckey_datagram() {
@@ -282,17 +286,36 @@ fn raw_receiver_counts_every_mckey_datagram() {
     let uri = format!("mcast://{}?iface={}", g, addr());
     let rx = t.multicast_with(&ep(&uri), UdConfig::default().with_raw(true)).expect("raw member");
     let ip = g.ip().to_string();
-    let (mut child, _lines) = mckey(&["-m", &ip, "-b", &addr(), "-s", "-C", &COUNT.to_string(), "-S", "100"]);
-    let mut got = 0;
-    while got < COUNT {
-        let (d, from) = rx
-            .recv_from(Some(Instant::now() + Duration::from_secs(20)))
-            .unwrap_or_else(|e| panic!("mckey datagram {got} of {COUNT}: {e:?}; {:?}", rx.stats()));
-        assert_eq!((d.len(), from.ip().to_string(), from.port()), (100, addr(), 0));
-        got += 1;
+    let mut bursts = Vec::new();
+    for _ in 0..3 {
+        let before = rx.stats().received;
+        let (mut child, _lines) =
+            mckey(&["-m", &ip, "-b", &addr(), "-s", "-C", &COUNT.to_string(), "-S", "100"]);
+        let mut got = 0;
+        let mut exited = false;
+        while got < COUNT {
+            // Until mckey is done, then until the stragglers stop coming.
+            let wait = if exited { Duration::from_secs(2) } else { Duration::from_secs(20) };
+            match rx.recv_from(Some(Instant::now() + wait)) {
+                Ok((d, from)) => {
+                    assert_eq!((d.len(), from.ip().to_string(), from.port()), (100, addr(), 0));
+                    got += 1;
+                }
+                Err(_) if !exited => {
+                    assert!(wait_exit(&mut child, Duration::from_secs(30)).success(), "mckey failed");
+                    exited = true;
+                }
+                Err(_) => break,
+            }
+        }
+        assert!(wait_exit(&mut child, Duration::from_secs(30)).success(), "mckey failed");
+        assert_eq!(rx.stats().received - before, got as u64, "every datagram received is counted");
+        bursts.push(got);
+        if got == COUNT {
+            break;
+        }
     }
-    assert!(wait_exit(&mut child, Duration::from_secs(30)).success());
-    assert_eq!(rx.stats().received, COUNT as u64);
+    assert_eq!(bursts.last(), Some(&COUNT), "no burst of {COUNT} arrived whole: {bursts:?}");
     assert_eq!(rx.stats().dropped_malformed, 0);
 }
 

@@ -130,7 +130,8 @@ impl Session {
         // as latency. The read comes after the next message is sent, while
         // its reply is on the way, and each reply is held until that send
         // (see `DataPath::recv_then`): neither the clock nor giving the
-        // buffer back is on the round trip.
+        // buffer back is on the round trip, nor is taking the next
+        // message's buffer from the pool (`DataPath::prepare`).
         let mut i = 0u64;
         let mut more = !until.done(0, start);
         if more {
@@ -138,6 +139,8 @@ impl Session {
         }
         let mut t0 = Instant::now();
         while more {
+            // The next request's buffer, taken while this reply travels.
+            dp.prepare()?;
             let seq = warmup + i;
             // Decided before the reply arrives, and once: whether message
             // `seq + 1` goes out is what the server will have echoed.

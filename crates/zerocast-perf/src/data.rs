@@ -1,12 +1,13 @@
 //! The data path of a test: one message out, one message in, raw or typed,
 //! spinning or blocking, on a connection shaped for the test.
 
+use std::cell::RefCell;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail};
 use serde::{Deserialize, Serialize, Serializer};
 use zerocast::{
-    Config, Connection, LinkConfig, PoolConfig, Receiver, RecvError, SendError, Sender, Zerocast,
+    Buf, Config, Connection, LinkConfig, PoolConfig, Receiver, RecvError, SendError, Sender, Zerocast,
 };
 
 use crate::spec::{Poll, Spec, MAX_SIZE};
@@ -102,6 +103,8 @@ pub(crate) struct DataPath {
     size: usize,
     busy: bool,
     mask: u64,
+    /// The next message's buffer, taken ahead (see [`DataPath::prepare`]).
+    spare: RefCell<Option<Buf>>,
 }
 
 impl DataPath {
@@ -112,7 +115,28 @@ impl DataPath {
         } else {
             Io::Raw(conn)
         };
-        Self { io, size: spec.size, busy: spec.poll == Poll::Busy, mask: seq_mask(spec.size) }
+        Self {
+            io,
+            size: spec.size,
+            busy: spec.poll == Poll::Busy,
+            mask: seq_mask(spec.size),
+            spare: RefCell::new(None),
+        }
+    }
+
+    /// Take the next raw message's buffer from the pool now, while a reply
+    /// is on its way, so that the send after it does not wait for the
+    /// pool: what a latency-bound application does with the raw API. A
+    /// no-op for typed messages, which the sender encodes into a buffer of
+    /// its own.
+    pub(crate) fn prepare(&self) -> anyhow::Result<()> {
+        if let Io::Raw(conn) = &self.io {
+            let mut spare = self.spare.borrow_mut();
+            if spare.is_none() {
+                *spare = Some(conn.alloc(self.size)?);
+            }
+        }
+        Ok(())
     }
 
     fn conn(&self) -> &Connection {
@@ -126,7 +150,10 @@ impl DataPath {
     pub(crate) fn send(&self, seq: u64) -> anyhow::Result<()> {
         match &self.io {
             Io::Raw(conn) => {
-                let mut buf = conn.alloc(self.size)?;
+                let mut buf = match self.spare.take() {
+                    Some(b) => b,
+                    None => conn.alloc(self.size)?,
+                };
                 stamp(&mut buf, seq);
                 if self.busy {
                     let mut buf = buf;

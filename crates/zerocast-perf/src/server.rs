@@ -127,7 +127,9 @@ fn sink(dp: &DataPath) -> anyhow::Result<ServerReport> {
 fn echo(dp: &DataPath) -> anyhow::Result<ServerReport> {
     let mut report = ServerReport { msgs: 0, bytes: 0 };
     // The reply goes out before the request's buffer is given back (see
-    // `DataPath::recv_then`).
+    // `DataPath::recv_then`), and the next reply's buffer is taken while
+    // the next request is on its way (`DataPath::prepare`).
+    dp.prepare()?;
     while let Some(got) = dp.recv_then(|got| {
         dp.check(got, report.msgs)?;
         dp.send(report.msgs)?;
@@ -135,6 +137,7 @@ fn echo(dp: &DataPath) -> anyhow::Result<ServerReport> {
     })? {
         report.msgs += 1;
         report.bytes += got.len as u64;
+        dp.prepare()?;
     }
     dp.close();
     Ok(report)

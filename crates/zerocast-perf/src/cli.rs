@@ -6,7 +6,7 @@ use std::thread;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 use crate::client::{in_process_only, Session};
 use crate::progress::Progress;
@@ -155,6 +155,44 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
 /// Sizes of `-a`: 2 B … 8 MiB.
 fn sweep() -> Vec<usize> {
     (1..=23).map(|i| 1usize << i).collect()
+}
+
+/// The mode names, which are subcommands: they go before every option.
+const MODES: [&str; 3] = ["bw", "lat", "rate"];
+
+/// Parse the command line, or exit with clap's message (status 2). A mode
+/// written after an option (`zerocast-perf --loopback lat`) reads as the
+/// HOST to clap; say where it goes instead of connecting to a host of that
+/// name or reporting a conflict with HOST.
+pub(crate) fn parse() -> Cli {
+    let args: Vec<String> = std::env::args().collect();
+    let hint = misplaced_mode(&args)
+        .map(|m| format!("`{m}` is a mode, and a mode goes first: zerocast-perf {m} [OPTIONS] [HOST]"));
+    match Cli::try_parse_from(&args) {
+        Ok(cli) if cli.mode.is_none() && cli.opts.host.as_deref().is_some_and(|h| MODES.contains(&h)) => {
+            let hint = hint.unwrap_or_default();
+            Cli::command().error(clap::error::ErrorKind::ArgumentConflict, hint).exit()
+        }
+        Ok(cli) => cli,
+        Err(e) => {
+            let shown = e.use_stderr();
+            let _ = e.print();
+            if let Some(hint) = hint.filter(|_| shown) {
+                eprintln!("\nhint: {hint}");
+            }
+            std::process::exit(e.exit_code())
+        }
+    }
+}
+
+/// The mode word in `args` (the program name first) when it is not the
+/// first argument.
+fn misplaced_mode(args: &[String]) -> Option<&str> {
+    let first = args.get(1)?;
+    if MODES.contains(&first.as_str()) {
+        return None;
+    }
+    args[2..].iter().map(String::as_str).find(|a| MODES.contains(a))
 }
 
 pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
@@ -328,7 +366,21 @@ mod tests {
 
     #[test]
     fn the_command_line_is_consistent() {
-        use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_mode_after_an_option_is_named() {
+        let args = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+        assert_eq!(misplaced_mode(&args("zerocast-perf --loopback lat -s 1")), Some("lat"));
+        assert_eq!(misplaced_mode(&args("zerocast-perf -p 1 rate")), Some("rate"));
+        assert_eq!(misplaced_mode(&args("zerocast-perf lat --loopback")), None);
+        assert_eq!(misplaced_mode(&args("zerocast-perf bw 10.0.0.2 -s 64")), None);
+        assert_eq!(misplaced_mode(&args("zerocast-perf --loopback")), None);
+        assert_eq!(misplaced_mode(&args("zerocast-perf")), None);
+        // What clap makes of it: the mode as HOST, which `parse` refuses.
+        let cli = Cli::try_parse_from(args("zerocast-perf -p 1 lat")).unwrap();
+        assert!(cli.mode.is_none());
+        assert_eq!(cli.opts.host.as_deref(), Some("lat"));
     }
 }

@@ -23,10 +23,8 @@ mod stats;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    let args = cli::parse();
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

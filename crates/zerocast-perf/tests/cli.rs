@@ -212,6 +212,9 @@ fn bad_arguments_are_clear_errors() {
     fails(&["--loopback", "-a", "-s", "64"], 2, "cannot be used with");
     fails(&["--loopback", "--inflight", "2"], 2, "--inflight");
     fails(&["--loopback", "-D", "-1"], 2, "-1");
+    // A mode after an option reads as HOST to clap; it is named instead.
+    fails(&["--loopback", "lat", "-s", "1"], 2, "`lat` is a mode, and a mode goes first");
+    fails(&["-p", "1", "rate"], 2, "`rate` is a mode, and a mode goes first");
     // Rejected when planned or run (exit 1).
     fails(&["--transport", "mem", "127.0.0.1"], 1, "in-process only: use it with --loopback");
     fails(&["lat", "--loopback", "--transport", "ud"], 1, "not lat");

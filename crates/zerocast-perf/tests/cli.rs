@@ -178,6 +178,36 @@ fn a_separate_server_process_serves_one_client() {
 }
 
 #[test]
+fn a_peer_that_does_not_speak_zerocast_is_not_the_client() {
+    let mut server = Command::new(env!("CARGO_BIN_EXE_zerocast-perf"))
+        .args(["-p", "0", "--bind", "127.0.0.1"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(server.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let port = line.trim().rsplit(':').next().unwrap().to_owned();
+    // Bytes that are no zerocast handshake, then a peer that says nothing.
+    let mut junk = std::net::TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
+    std::io::Write::write_all(&mut junk, &[0xAA; 512]).unwrap();
+    line.clear();
+    stderr.read_line(&mut line).unwrap();
+    assert!(
+        line.contains("a client could not connect") && line.contains("does not speak zerocast"),
+        "{line}"
+    );
+    let silent = std::net::TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
+    // The server is still there, for a real client.
+    let out = ok(&["127.0.0.1", "-p", &port, "-n", "500", "-s", "64", "--json"]);
+    let doc: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["runs"][0]["results"][0]["iterations"], 500);
+    let status = server.wait().unwrap();
+    assert!(status.success(), "the server exits cleanly after its client: {status}");
+    drop((junk, silent));
+}
+
+#[test]
 fn transports_are_listed_with_their_backend() {
     let out = ok(&["--list-transports"]);
     let lines: Vec<&str> = out.lines().collect();

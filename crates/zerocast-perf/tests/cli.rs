@@ -2,7 +2,7 @@
 //! figures, a separate server process, and clear errors on bad input.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, ChildStderr, Command, Output, Stdio};
 
 use serde_json::Value;
 
@@ -159,17 +159,25 @@ fn datagrams_report_what_arrived() {
     assert!((r["msg_rate_mpps"].as_f64().unwrap() * 1e6 * secs - delivered).abs() < 2.0, "{r}");
 }
 
-#[test]
-fn a_separate_server_process_serves_one_client() {
+/// A server process on a free port of 127.0.0.1: the process, the rest of
+/// its stderr, and its port.
+fn server() -> (Child, BufReader<ChildStderr>, String) {
     let mut server = Command::new(env!("CARGO_BIN_EXE_zerocast-perf"))
         .args(["-p", "0", "--bind", "127.0.0.1"])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut stderr = BufReader::new(server.stderr.take().unwrap());
     let mut line = String::new();
-    BufReader::new(server.stderr.take().unwrap()).read_line(&mut line).unwrap();
-    let port = line.trim().rsplit(':').next().unwrap().to_owned();
+    stderr.read_line(&mut line).unwrap();
     assert!(line.contains("listening on tcp://127.0.0.1:"), "{line}");
+    let port = line.trim().rsplit(':').next().unwrap().to_owned();
+    (server, stderr, port)
+}
+
+#[test]
+fn a_separate_server_process_serves_one_client() {
+    let (mut server, _stderr, port) = server();
     let out = ok(&["lat", "127.0.0.1", "-p", &port, "-n", "200", "-s", "2K", "--json"]);
     let doc: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(doc["runs"][0]["results"][0]["iterations"], 200);
@@ -179,19 +187,11 @@ fn a_separate_server_process_serves_one_client() {
 
 #[test]
 fn a_peer_that_does_not_speak_zerocast_is_not_the_client() {
-    let mut server = Command::new(env!("CARGO_BIN_EXE_zerocast-perf"))
-        .args(["-p", "0", "--bind", "127.0.0.1"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(server.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    let port = line.trim().rsplit(':').next().unwrap().to_owned();
+    let (mut server, mut stderr, port) = server();
     // Bytes that are no zerocast handshake, then a peer that says nothing.
     let mut junk = std::net::TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
     std::io::Write::write_all(&mut junk, &[0xAA; 512]).unwrap();
-    line.clear();
+    let mut line = String::new();
     stderr.read_line(&mut line).unwrap();
     assert!(
         line.contains("a client could not connect") && line.contains("does not speak zerocast"),

@@ -164,11 +164,7 @@ fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
     for f in batch.iter() {
         inline.push(is_inline(io, f, max_inline));
     }
-    let held = |(f, inl): (&Frame, &bool)| {
-        !*inl && !by_rendezvous(io, f) && f.payload.as_ref().is_some_and(|b| !b.is_empty())
-    };
-    let signal_last = batch.iter().zip(inline.iter()).any(held)
-        || batch.iter().any(|f| f.tag == 0 && f.header.kind != FrameKind::Data);
+    let signal_last = batch.iter().zip(inline.iter()).any(|(f, &inl)| wants_signal(io, f, inl));
     // Take a slot per frame first, waiting while the send queue is full.
     {
         let mut t = lock(&io.send);
@@ -223,7 +219,7 @@ fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
                 },
                 2,
             ),
-            Some(b) if len > 0 => (ibv_sge { addr: b.addr(), length: len as u32, lkey: b.keys().lkey }, 2),
+            Some(b) if len > 0 => (payload_sge(b), 2),
             _ => (ibv_sge { addr: 0, length: 0, lkey: 0 }, 1),
         };
         sges.push([hdr, payload]);
@@ -281,8 +277,8 @@ fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
 /// locked once, and signalled on the same terms.
 fn post_one(io: &Io, frame: &mut Frame) -> Result<(), RcError> {
     let len = frame.payload.as_ref().map_or(0, |b| b.len());
-    let inline = HEADER_LEN + len <= io.qp.max_inline() as usize;
-    let signal = (!inline && len > 0) || frame.header.kind != FrameKind::Data;
+    let inline = is_inline(io, frame, io.qp.max_inline() as usize);
+    let signal = wants_signal(io, frame, inline);
     let mut t = lock(&io.send);
     let r = loop {
         if let Some(r) = t.ring.reserve(signal) {
@@ -296,7 +292,7 @@ fn post_one(io: &Io, frame: &mut Frame) -> Result<(), RcError> {
     io.send_hdr.write(r.slot, &frame.header.encode());
     let mut sges = [header_sge(io, r.slot), ibv_sge { addr: 0, length: 0, lkey: 0 }];
     if let Some(b) = frame.payload.as_ref().filter(|_| len > 0) {
-        sges[1] = ibv_sge { addr: b.addr(), length: len as u32, lkey: b.keys().lkey };
+        sges[1] = payload_sge(b);
     }
     // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).
     let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
@@ -326,6 +322,20 @@ fn post_one(io: &Io, frame: &mut Frame) -> Result<(), RcError> {
 /// The scatter entry of send slot `slot`'s header.
 fn header_sge(io: &Io, slot: usize) -> ibv_sge {
     ibv_sge { addr: io.send_hdr.addr(slot), length: HEADER_LEN as u32, lkey: io.send_hdr.lkey() }
+}
+
+/// The scatter entry of a payload sent from its pool buffer, whole.
+fn payload_sge(b: &Buf) -> ibv_sge {
+    ibv_sge { addr: b.addr(), length: b.len() as u32, lkey: b.keys().lkey }
+}
+
+/// Whether `frame`, last in its post, must be signalled: its payload stays
+/// in the ring until the device has read it (not inline, not a rendezvous
+/// request, not empty), or it is a goodbye or credit frame, which the
+/// writer waits for.
+fn wants_signal(io: &Io, frame: &Frame, inline: bool) -> bool {
+    let held = !inline && !by_rendezvous(io, frame) && frame.payload.as_ref().is_some_and(|b| !b.is_empty());
+    held || (frame.tag == 0 && frame.header.kind != FrameKind::Data)
 }
 
 /// Whether the device copies `frame` into the work request at post time.
@@ -365,7 +375,7 @@ fn write_imm_wr(
 ) -> ibv_send_wr {
     let none = ibv_sge { addr: 0, length: 0, lkey: 0 };
     let payload = match &frame.payload {
-        Some(b) if !b.is_empty() => ibv_sge { addr: b.addr(), length: b.len() as u32, lkey: b.keys().lkey },
+        Some(b) if !b.is_empty() => payload_sge(b),
         _ => none,
     };
     sges.push([payload, none]);

@@ -12,6 +12,7 @@ pub mod checksum;
 pub mod datagram_suite;
 pub mod direct_io;
 pub mod failure;
+pub mod idle;
 pub mod suite;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -53,6 +53,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod closing;
 mod cm;
 mod device;
 mod error;

@@ -125,6 +125,19 @@ impl CompletionQueue {
         poll_readable(fd, ms)
     }
 
+    /// [`Self::readable`], also returning once `closing` is rung; `ms`
+    /// negative: no limit. Without a channel: `false` at once.
+    pub(crate) fn readable_or_closing(
+        &self,
+        closing: &crate::closing::Closing,
+        ms: c_int,
+    ) -> io::Result<bool> {
+        let Some(ch) = self.channel else { return Ok(false) };
+        // SAFETY: live channel.
+        let fd = unsafe { (*ch.as_ptr()).fd };
+        crate::closing::poll_either(fd, closing, ms)
+    }
+
     pub(crate) fn has_channel(&self) -> bool {
         self.channel.is_some()
     }

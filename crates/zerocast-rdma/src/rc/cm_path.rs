@@ -309,11 +309,18 @@ fn peer_endpoint(id: &CmId, local: &Endpoint) -> Endpoint {
 
 /// The connection's rdma_cm events after setup: a DISCONNECTED from the
 /// peer ends the connection (its receives flush; if the peer never said
-/// goodbye, that is a [`RcError::PeerDisconnected`]).
+/// goodbye, that is a [`RcError::PeerDisconnected`]). Asleep until an
+/// event comes or the connection closes; once closing, it waits for the
+/// DISCONNECTED in slices, at most ten seconds.
 pub(super) fn watch(id: &Arc<CmId>, io: &Arc<Io>, driver: &Driver) {
     let mut closing_since: Option<Instant> = None;
     loop {
-        match id.channel().get(Some(Duration::from_millis(100))) {
+        let next = if io.is_closing() {
+            id.channel().get(Some(Duration::from_millis(100)))
+        } else {
+            id.channel().get_or_closing(io.close_signal())
+        };
+        match next {
             Ok(Some(e)) => match e.kind() {
                 ev::RDMA_CM_EVENT_DISCONNECTED => {
                     drop(e);

@@ -25,6 +25,7 @@ use zerocast_core::{ConnError, HEADER_LEN};
 use zerocast_link::{Driver, Repost, Reposted, Reposts};
 use zerocast_mem::{Buf, Pool, Wait};
 
+use crate::closing::Closing;
 use crate::rc::one_sided;
 use crate::rc::rendezvous::{self, Rendezvous};
 use crate::rc::srq;
@@ -78,6 +79,8 @@ pub(crate) struct Io {
     peer_disconnected: AtomicBool,
     /// Mirror of `RecvTable::closing`, readable without the lock.
     closing: AtomicBool,
+    /// Rung by [`Io::close`]: wakes the connection's sleeping threads.
+    close_signal: Closing,
     /// The listener's shared receive queue, when receives come from one
     /// (then `recv` stays empty). Last: its share is released after the QP.
     srq: Option<srq::Member>,
@@ -122,6 +125,7 @@ impl Io {
         let send_hdr = HeaderSlab::new(qp.pd(), sizes.send_depth).map_err(reg)?;
         let send_desc = HeaderSlab::new(qp.pd(), sizes.send_depth).map_err(reg)?;
         let rendezvous = Rendezvous::new(HeaderSlab::new(qp.pd(), 1).map_err(reg)?, posted);
+        let close_signal = Closing::new().map_err(|e| RcError::verbs("eventfd", e))?;
         let io = Arc::new(Self {
             qp,
             cq,
@@ -145,6 +149,7 @@ impl Io {
             ignore_credits,
             peer_disconnected: AtomicBool::new(false),
             closing: AtomicBool::new(false),
+            close_signal,
             srq,
         });
         // With a shared receive queue, the listener posted this
@@ -270,10 +275,16 @@ impl Io {
         self.send_cv.notify_all();
         self.one_sided.wake();
         self.rendezvous.wake();
+        self.close_signal.ring();
     }
 
     pub(crate) fn is_closing(&self) -> bool {
         self.closing.load(Ordering::Acquire)
+    }
+
+    /// Rung when the connection starts closing (see [`Closing`]).
+    pub(crate) fn close_signal(&self) -> &Closing {
+        &self.close_signal
     }
 
     pub(crate) fn mark_peer_disconnected(&self) {
@@ -349,22 +360,21 @@ impl Repost for Reposter {
     }
 }
 
-/// Reposts what releasing threads hand on (see [`Reposter`]).
+/// Reposts what releasing threads hand on (see [`Reposter`]), asleep
+/// until there is some, or until the connection closes.
 fn reposter(io: &Io, driver: &Driver, reposts: &Reposts) {
     loop {
-        match reposts.recv_timeout(Duration::from_millis(50)) {
-            Ok(buf) => {
+        crossbeam_channel::select! {
+            recv(reposts) -> buf => {
+                let Ok(buf) = buf else { return };
                 if let Err(e) = io.repost(driver, buf) {
                     driver.fail(ConnError::transport(e));
                     io.close();
                 }
             }
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                if io.is_closing() {
-                    return;
-                }
-            }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+            // Disconnected once the connection closes: what is still
+            // queued goes back to the pool with the channel.
+            recv(io.close_signal().channel()) -> _ => return,
         }
     }
 }

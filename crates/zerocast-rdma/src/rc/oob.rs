@@ -8,6 +8,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -292,10 +293,21 @@ fn establish(
 
 /// Watch the side channel: end-of-file from the peer closes the QP (the
 /// peer said goodbye and closed, or died); our own close shuts it down.
+/// Asleep until the socket has something or the connection closes; once
+/// closing, it reads in slices, waiting at most ten seconds for the peer.
 fn watch(mut sock: TcpStream, io: &Io) {
     let mut shut_at: Option<Instant> = None;
     let mut b = [0u8; 16];
     loop {
+        if !io.is_closing() {
+            match crate::closing::poll_either(sock.as_raw_fd(), io.close_signal(), -1) {
+                // Readable: the read below returns at once.
+                Ok(true) => {}
+                // Closing (or interrupted): look again.
+                Ok(false) => continue,
+                Err(_) => break,
+            }
+        }
         match sock.read(&mut b) {
             Ok(0) => break,
             Ok(_) => {}

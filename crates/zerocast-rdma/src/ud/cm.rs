@@ -21,6 +21,7 @@ use rdma_sys::{rdma_cm_event_type as ev, rdma_conn_param};
 
 use super::io::lock;
 use super::UdError;
+use crate::closing::Closing;
 use crate::cm::{event_name, CmId, EventChannel, UdParam};
 use crate::error::errno_from_rc;
 
@@ -43,7 +44,9 @@ pub(super) struct Cm {
     cv: Condvar,
     /// Groups' ids → their failed flag.
     watched: Mutex<HashMap<usize, Arc<AtomicBool>>>,
-    stop: AtomicBool,
+    /// Rung by [`Cm::stop`]; until then the event thread sleeps on the
+    /// channel with no timeout.
+    stop: Closing,
 }
 
 /// Unregisters a waiter when the wait ends, however it ends.
@@ -63,16 +66,16 @@ fn verbs(call: &'static str, rc: i32) -> UdError {
 }
 
 impl Cm {
-    pub(super) fn new(channel: Arc<EventChannel>, listen: CmId, qpn: u32) -> Arc<Self> {
-        Arc::new(Self {
+    pub(super) fn new(channel: Arc<EventChannel>, listen: CmId, qpn: u32) -> std::io::Result<Arc<Self>> {
+        Ok(Arc::new(Self {
             channel,
             _listen: listen,
             qpn,
             waiters: Mutex::new(HashMap::new()),
             cv: Condvar::new(),
             watched: Mutex::new(HashMap::new()),
-            stop: AtomicBool::new(false),
-        })
+            stop: Closing::new()?,
+        }))
     }
 
     /// Run the event thread until [`stop`](Self::stop).
@@ -82,13 +85,15 @@ impl Cm {
     }
 
     pub(super) fn stop(&self) {
-        self.stop.store(true, Relaxed);
+        self.stop.ring();
     }
 
     fn run(&self) {
-        while !self.stop.load(Relaxed) {
-            let e = match self.channel.get(Some(Duration::from_millis(50))) {
+        loop {
+            let e = match self.channel.get_or_closing(&self.stop) {
                 Ok(Some(e)) => e,
+                // Stopped, or a signal interrupted the wait.
+                Ok(None) if self.stop.is_rung() => return,
                 Ok(None) => continue,
                 Err(err) => {
                     tracing::warn!(error = %err, "UD rdma_cm event channel failed; no more peers can resolve this socket");

@@ -200,7 +200,7 @@ impl UdSocket {
             rx_len: GRH_LEN + mtu as usize,
         };
         let io = Io::new(&t.inner.pd, device.port(), RDMA_UDP_QKEY, t.pool().clone(), sizes)?;
-        let cm = Cm::new(channel, listen, io.qp.qp_num());
+        let cm = Cm::new(channel, listen, io.qp.qp_num()).map_err(|e| UdError::verbs("eventfd", e))?;
         let thread = Cm::spawn(&cm).map_err(|e| UdError::verbs("spawning the rdma_cm thread", e))?;
         tracing::debug!(%local, device = device.name(), mtu, max_datagram, raw = cfg.raw, qpn = io.qp.qp_num(), "ud socket open");
         Ok(UdSocket {

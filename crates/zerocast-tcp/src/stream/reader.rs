@@ -38,9 +38,6 @@ enum Stop {
 /// How long a receiving application thread polls the socket before it
 /// sleeps on it.
 const SPIN: Duration = Duration::from_micros(20);
-/// The reader thread's longest wait for the socket at once.
-const POLL_SLICE: Duration = Duration::from_millis(100);
-
 /// The reader thread: reads whenever no application thread does.
 pub(super) fn run(sock: Arc<Socket>, driver: &Driver, frame_timeout: Duration) {
     driver.pool().prepare_thread();
@@ -56,8 +53,12 @@ pub(super) fn run(sock: Arc<Socket>, driver: &Driver, frame_timeout: Duration) {
             continue;
         }
         // Wait for data without holding the source, so an application
-        // thread can take over the reading at any time.
-        if !readable(&sock, POLL_SLICE) || driver.app_reading() {
+        // thread can take over the reading at any time. No timeout: an idle
+        // connection costs no wake-ups. Whatever ends the connection
+        // makes the socket readable: the peer's goodbye or end of stream,
+        // or the shutdown every local failure and close does (see
+        // `writer::run` and `ShutdownOnDrop`).
+        if !readable(&sock, None) || driver.app_reading() {
             continue;
         }
         match driver.try_pump(None) {
@@ -69,11 +70,11 @@ pub(super) fn run(sock: Arc<Socket>, driver: &Driver, frame_timeout: Duration) {
 }
 
 /// Whether `sock` has something to read (data, end of stream or an error)
-/// within `wait`.
-fn readable(sock: &Socket, wait: Duration) -> bool {
+/// within `wait` (`None`: however long that takes).
+fn readable(sock: &Socket, wait: Option<Duration>) -> bool {
     let mut fds = [PollFd::new(sock, PollFlags::IN)];
-    let ts = Timespec { tv_sec: wait.as_secs() as i64, tv_nsec: i64::from(wait.subsec_nanos()) };
-    matches!(poll(&mut fds, Some(&ts)), Ok(n) if n > 0)
+    let ts = wait.map(|w| Timespec { tv_sec: w.as_secs() as i64, tv_nsec: i64::from(w.subsec_nanos()) });
+    matches!(poll(&mut fds, ts.as_ref()), Ok(n) if n > 0)
         || fds[0].revents().intersects(PollFlags::ERR | PollFlags::HUP)
 }
 
@@ -86,12 +87,12 @@ fn readable_soon(sock: &Socket, wait: Duration) -> bool {
     let start = Instant::now();
     let spin = SPIN.min(wait);
     loop {
-        if readable(sock, Duration::ZERO) {
+        if readable(sock, Some(Duration::ZERO)) {
             return true;
         }
         let spent = start.elapsed();
         if spent >= spin {
-            return wait > spent && readable(sock, wait - spent);
+            return wait > spent && readable(sock, Some(wait - spent));
         }
         // Stay runnable, but let a thread on this core that would send
         // (the peer, in the same process, say) go first.

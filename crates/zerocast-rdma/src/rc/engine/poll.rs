@@ -71,6 +71,24 @@ impl RcSource {
         !self.io.busy_poll && self.io.cq.has_channel()
     }
 
+    /// In event mode, every pump returns with the CQ armed, so the poller
+    /// thread, asleep on the channel with no timeout, wakes at the next
+    /// completion. A pump that took the pending event (a receiving thread
+    /// that slept on the channel) arms it again before it returns: `true`
+    /// when it did, and the CQ must then be polled once more, for a
+    /// completion that landed before the arming announces nothing. The
+    /// next pump, finding the CQ armed, has nothing to arm itself.
+    fn arm_again(&mut self) -> bool {
+        if !self.event_mode() || self.armed {
+            return false;
+        }
+        if let Err(e) = self.io.cq.arm() {
+            tracing::debug!(error = %e, "ibv_req_notify_cq failed");
+        }
+        self.armed = true;
+        true
+    }
+
     /// Before reporting the CQ empty in event mode: the CQ is armed and no
     /// event is pending, so a sleep on the channel ends at the next
     /// completion. `false`: poll again first (a completion may have landed
@@ -118,6 +136,10 @@ impl Source for RcSource {
                 continue;
             }
             if n > 0 || handled {
+                if self.arm_again() {
+                    handled = true;
+                    continue;
+                }
                 return Pumped::Frames;
             }
             if self.io.is_closing() && self.io.drained() {
@@ -141,6 +163,9 @@ impl Source for RcSource {
             };
             let now = Instant::now();
             if now >= until || driver.app_waiting() {
+                if self.arm_again() {
+                    continue;
+                }
                 return Pumped::Idle;
             }
             let start = *start.get_or_insert(now);
@@ -214,10 +239,19 @@ fn poll_until_drained(io: &Io, driver: &Driver) {
             }
             continue;
         }
-        // The source left the CQ armed with no event pending: sleep until
-        // the next completion, without taking its event (the next pump
-        // does), so an application thread can take over at any time.
-        if let Err(e) = io.cq.readable(WAIT_SLICE_MS) {
+        // The source left the CQ armed with no event pending, and every
+        // pump leaves it armed (`RcSource::leave_armed`): sleep until the
+        // next completion, without taking its event (the next pump does),
+        // so an application thread can take over at any time. With no
+        // timeout, unless closing: an idle connection costs no wake-ups,
+        // and a close rings the signal. Once closing, the slices pace the
+        // wait for flushes, which may complete unannounced.
+        let waited = if io.is_closing() {
+            io.cq.readable(WAIT_SLICE_MS)
+        } else {
+            io.cq.readable_or_closing(io.close_signal(), -1)
+        };
+        if let Err(e) = waited {
             tracing::debug!(error = %e, "waiting for a completion event failed");
             aside.nap();
         }

@@ -1,0 +1,126 @@
+//! The signal that a connection is closing, for its threads that sleep.
+//!
+//! A connection's background threads sleep until something happens: the
+//! poller on the completion channel, the rdma_cm watcher on its event
+//! channel, the reposter on its queue. None of them wakes on a timer to
+//! look around, so an idle connection costs no CPU. The one thing that
+//! reaches them otherwise is a close, and this is how: an `eventfd` that
+//! file-descriptor waits include ([`poll_either`]), and a channel that
+//! channel waits select on. Both stay ready once rung.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Mutex;
+
+use crossbeam_channel::{Receiver, Sender};
+
+/// Rung once, when the connection starts closing; ready for ever after.
+#[derive(Debug)]
+pub(crate) struct Closing {
+    fd: OwnedFd,
+    /// Dropped when rung, which disconnects [`Closing::channel`].
+    tx: Mutex<Option<Sender<()>>>,
+    rx: Receiver<()>,
+}
+
+impl Closing {
+    pub(crate) fn new() -> io::Result<Self> {
+        // SAFETY: plain constructor with valid flags; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor owned by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let (tx, rx) = crossbeam_channel::bounded(0);
+        Ok(Self { fd, tx: Mutex::new(Some(tx)), rx })
+    }
+
+    /// Wake every thread waiting on this signal, now and later.
+    pub(crate) fn ring(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our own eventfd. It can
+        // only fail if the counter would overflow, which leaves it readable.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
+    }
+
+    /// Whether [`Closing::ring`] was called.
+    pub(crate) fn is_rung(&self) -> bool {
+        matches!(self.rx.try_recv(), Err(crossbeam_channel::TryRecvError::Disconnected))
+    }
+
+    /// Readable once rung (never read: it stays readable).
+    pub(crate) fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Disconnected once rung: a `select!` arm on it fires from then on.
+    pub(crate) fn channel(&self) -> &Receiver<()> {
+        &self.rx
+    }
+}
+
+/// Wait until `fd` is readable or `closing` is rung, at most `ms`
+/// milliseconds (negative: no limit). Returns whether `fd` is readable.
+pub(crate) fn poll_either(fd: RawFd, closing: &Closing, ms: libc::c_int) -> io::Result<bool> {
+    let mut fds = [
+        libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: closing.fd(), events: libc::POLLIN, revents: 0 },
+    ];
+    // SAFETY: two valid pollfds in a live array.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    if rc < 0 {
+        let err = io::Error::last_os_error();
+        if err.kind() == io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(err);
+    }
+    Ok(fds[0].revents != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn a_rung_signal_wakes_fd_and_channel_waiters_for_good() {
+        let c = Closing::new().unwrap();
+        // A pipe that never becomes readable stands for a quiet channel.
+        let mut p = [0; 2];
+        // SAFETY: valid out-array of two fds.
+        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+        // SAFETY: fresh descriptors, owned here from now on.
+        let (r, _w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+        assert!(!poll_either(r.as_raw_fd(), &c, 0).unwrap());
+        assert!(c.channel().recv_timeout(Duration::from_millis(1)).is_err());
+        assert!(!c.is_rung());
+        let waiter = std::thread::spawn({
+            let fd = c.fd();
+            move || {
+                let start = Instant::now();
+                let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+                // SAFETY: one valid pollfd.
+                let rc = unsafe { libc::poll(&mut pfd, 1, 10_000) };
+                (rc, start.elapsed())
+            }
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        c.ring();
+        let (rc, took) = waiter.join().unwrap();
+        assert_eq!(rc, 1, "the waiter was woken by the ring, not its timeout");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        for _ in 0..2 {
+            // Still ready: later waits return at once.
+            let start = Instant::now();
+            assert!(!poll_either(r.as_raw_fd(), &c, 10_000).unwrap());
+            assert_eq!(c.channel().recv(), Err(crossbeam_channel::RecvError));
+            assert!(start.elapsed() < Duration::from_secs(5));
+            assert!(c.is_rung());
+        }
+        c.ring();
+    }
+}

@@ -1,0 +1,94 @@
+//! An idle connection costs no CPU: once set up, and with heartbeats off,
+//! its I/O threads sleep until something happens (a frame, a send, a
+//! close), instead of waking on a timer to look around.
+//!
+//! A thread's wake-ups are read from `/proc/self/task/<tid>/status` (its
+//! voluntary and involuntary context switches). Only the threads created
+//! for the pair are counted, so run these in a process of their own, or
+//! with one test at a time.
+
+use std::collections::HashMap;
+use std::thread;
+use std::time::Duration;
+
+use crate::Transport;
+
+/// A thread of this process: its name and its context switches so far.
+#[derive(Debug, Clone)]
+struct Task {
+    name: String,
+    switches: u64,
+}
+
+/// Every thread of this process, by thread id.
+fn tasks() -> HashMap<u32, Task> {
+    let mut out = HashMap::new();
+    let dir = std::fs::read_dir("/proc/self/task").expect("reading /proc/self/task");
+    for entry in dir.flatten() {
+        let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        // A thread may end between the listing and the reads.
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else { continue };
+        let field = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let name = status.lines().find_map(|l| l.strip_prefix("Name:")).unwrap_or("").trim().to_owned();
+        let switches = field("voluntary_ctxt_switches:") + field("nonvoluntary_ctxt_switches:");
+        out.insert(tid, Task { name, switches });
+    }
+    out
+}
+
+/// Open a pair, exchange one message each way, then check that it sleeps
+/// (see [`stays_asleep`]). Returns how many threads were watched.
+pub fn an_idle_connection_sleeps(t: &Transport, settle: Duration, watch: Duration, max_wakes: u64) -> usize {
+    let open = || {
+        let (a, b) = t.pair();
+        let limit = Duration::from_secs(10);
+        for (from, to) in [(&a, &b), (&b, &a)] {
+            let mut buf = from.alloc(8).expect("alloc");
+            buf.copy_from_slice(b"are you?");
+            from.send_timeout(buf, limit).expect("send");
+            assert_eq!(&*to.recv_timeout(limit).expect("recv"), b"are you?");
+        }
+        (a, b)
+    };
+    stays_asleep(open, settle, watch, max_wakes).1
+}
+
+/// Run `open`, let what it opened settle for `settle`, then watch it idle
+/// for `watch`: every thread zerocast started meanwhile wakes at most
+/// `max_wakes` times. Returns what `open` returned, and how many threads
+/// were watched (at least one, or the check would be empty).
+pub fn stays_asleep<T>(
+    open: impl FnOnce() -> T,
+    settle: Duration,
+    watch: Duration,
+    max_wakes: u64,
+) -> (T, usize) {
+    let before = tasks();
+    let opened = open();
+    thread::sleep(settle);
+    let start = tasks();
+    thread::sleep(watch);
+    let end = tasks();
+    let mut watched = Vec::new();
+    for (tid, task) in &end {
+        if before.contains_key(tid) || !task.name.starts_with("zerocast") {
+            continue;
+        }
+        let Some(at_start) = start.get(tid) else { continue };
+        watched.push((task.name.clone(), *tid, task.switches - at_start.switches));
+    }
+    watched.sort();
+    assert!(!watched.is_empty(), "no zerocast thread was started: {end:?}");
+    let busy: Vec<_> = watched.iter().filter(|(_, _, n)| *n > max_wakes).collect();
+    assert!(
+        busy.is_empty(),
+        "threads that woke more than {max_wakes} times in {watch:?} of idling: {busy:?} (all: {watched:?})"
+    );
+    (opened, watched.len())
+}

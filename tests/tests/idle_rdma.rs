@@ -1,0 +1,57 @@
+//! Idle `rc://` and `rc+oob://` connections' threads sleep (see
+//! `zerocast_tests::idle`): the poller on the completion channel, the
+//! rdma_cm watcher (or the `rc+oob://` side channel's) on its events, the
+//! reposter on its queue, the writer on its frames, each until something
+//! happens. So does an idle `ud://` socket's rdma_cm thread.
+//!
+//! They need a verbs device: ignored on a plain `cargo test`;
+//! `scripts/test` runs them inside the Soft-RoCE guest, one at a time.
+
+#![cfg(feature = "rdma")]
+
+use std::time::Duration;
+
+use zerocast::datagram::Backend;
+use zerocast::rdma::{CompletionMode, RcConfig};
+use zerocast::{Config, LinkConfig, Zerocast};
+use zerocast_tests::datagram_suite::DatagramEnv;
+use zerocast_tests::{idle, Transport};
+
+fn addr() -> String {
+    std::env::var("ZEROCAST_RDMA_ADDR").unwrap_or_else(|_| "10.0.2.15".to_owned())
+}
+
+fn check(scheme: &str, at_least: usize) {
+    let addr = addr();
+    let uri: &'static str = Box::leak(format!("{scheme}://{addr}:0").into_boxed_str());
+    let rc = RcConfig::default().with_completion(CompletionMode::Channel);
+    let cfg = Config::default().with_link(LinkConfig::default().with_recv_window(32)).with_rc(rc);
+    let t = Transport { zc: Zerocast::with_config(cfg), listen_uri: uri };
+    let n = idle::an_idle_connection_sleeps(&t, Duration::from_millis(500), Duration::from_secs(2), 3);
+    assert!(n >= at_least, "{n} threads watched, expected at least {at_least}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn an_idle_rc_connection_does_not_wake() {
+    // Poller, reposter, writer and rdma_cm watcher on both sides.
+    check("rc", 8);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn an_idle_rc_oob_connection_does_not_wake() {
+    // Poller, reposter and writer on both sides.
+    check("rc+oob", 6);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn an_idle_ud_socket_does_not_wake() {
+    let env =
+        DatagramEnv { zc: Zerocast::with_config(Config::default()), host: addr(), backend: Backend::RdmaUd };
+    let (socket, n) =
+        idle::stays_asleep(|| env.bind(), Duration::from_millis(500), Duration::from_secs(2), 3);
+    assert!(n >= 1, "the rdma_cm thread");
+    drop(socket);
+}

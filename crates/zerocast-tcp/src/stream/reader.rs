@@ -38,6 +38,7 @@ enum Stop {
 /// How long a receiving application thread polls the socket before it
 /// sleeps on it.
 const SPIN: Duration = Duration::from_micros(20);
+
 /// The reader thread: reads whenever no application thread does.
 pub(super) fn run(sock: Arc<Socket>, driver: &Driver, frame_timeout: Duration) {
     driver.pool().prepare_thread();

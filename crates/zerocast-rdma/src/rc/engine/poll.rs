@@ -240,7 +240,7 @@ fn poll_until_drained(io: &Io, driver: &Driver) {
             continue;
         }
         // The source left the CQ armed with no event pending, and every
-        // pump leaves it armed (`RcSource::leave_armed`): sleep until the
+        // pump leaves it armed (`RcSource::arm_again`): sleep until the
         // next completion, without taking its event (the next pump does),
         // so an application thread can take over at any time. With no
         // timeout, unless closing: an idle connection costs no wake-ups,

@@ -1,14 +1,18 @@
-//! An idle `tcp://` connection's threads sleep (see `zerocast_tests::idle`).
-//! One test in this binary, so no other test's threads are counted.
+//! Idle `tcp://` and `mem://` connections' threads sleep (see
+//! `zerocast_tests::idle`). One test in this binary, the transports one
+//! after the other, so no other test's threads are counted.
 
 use std::time::Duration;
 
 use zerocast_tests::{idle, Transport};
 
 #[test]
-fn an_idle_tcp_connection_does_not_wake() {
-    let t = Transport::new("tcp://127.0.0.1:0", 64);
-    // Reader and writer threads on both sides.
-    let n = idle::an_idle_connection_sleeps(&t, Duration::from_millis(300), Duration::from_secs(2), 3);
-    assert!(n >= 4, "{n} threads watched");
+fn idle_connections_do_not_wake() {
+    // Reader and writer threads on both sides of `tcp://`; a pump thread
+    // per direction of `mem://`.
+    for (uri, at_least) in [("tcp://127.0.0.1:0", 4), ("mem://idle-{n}", 2)] {
+        let t = Transport::new(uri, 64);
+        let n = idle::an_idle_connection_sleeps(&t, Duration::from_millis(300), Duration::from_secs(2), 3);
+        assert!(n >= at_least, "{uri}: {n} threads watched");
+    }
 }

@@ -22,8 +22,11 @@ fn addr() -> String {
 }
 
 fn check(scheme: &str, at_least: usize) {
-    let addr = addr();
-    let uri: &'static str = Box::leak(format!("{scheme}://{addr}:0").into_boxed_str());
+    check_at(&format!("{scheme}://{}:0", addr()), at_least);
+}
+
+fn check_at(uri: &str, at_least: usize) {
+    let uri: &'static str = Box::leak(uri.to_owned().into_boxed_str());
     let rc = RcConfig::default().with_completion(CompletionMode::Channel);
     let cfg = Config::default().with_link(LinkConfig::default().with_recv_window(32)).with_rc(rc);
     let t = Transport { zc: Zerocast::with_config(cfg), listen_uri: uri };
@@ -43,6 +46,14 @@ fn an_idle_rc_connection_does_not_wake() {
 fn an_idle_rc_oob_connection_does_not_wake() {
     // Poller, reposter and writer on both sides.
     check("rc+oob", 6);
+}
+
+/// With a shared receive queue, the transport's async event reader runs
+/// too, asleep on the device's event queue.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn an_idle_rc_connection_on_a_shared_receive_queue_does_not_wake() {
+    check_at(&format!("rc://{}:0?srq=256", addr()), 9);
 }
 
 #[test]

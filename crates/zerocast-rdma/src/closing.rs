@@ -25,23 +25,13 @@ pub(crate) struct Closing {
 
 impl Closing {
     pub(crate) fn new() -> io::Result<Self> {
-        // SAFETY: plain constructor with valid flags; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a fresh descriptor owned by nothing else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let (tx, rx) = crossbeam_channel::bounded(0);
-        Ok(Self { fd, tx: Mutex::new(Some(tx)), rx })
+        Ok(Self { fd: eventfd()?, tx: Mutex::new(Some(tx)), rx })
     }
 
     /// Wake every thread waiting on this signal, now and later.
     pub(crate) fn ring(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our own eventfd. It can
-        // only fail if the counter would overflow, which leaves it readable.
-        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        signal(self.fd.as_raw_fd());
         drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
     }
 
@@ -61,12 +51,40 @@ impl Closing {
     }
 }
 
-/// Wait until `fd` is readable or `closing` is rung, at most `ms`
-/// milliseconds (negative: no limit). Returns whether `fd` is readable.
-pub(crate) fn poll_either(fd: RawFd, closing: &Closing, ms: libc::c_int) -> io::Result<bool> {
+/// A fresh non-blocking eventfd, counting from 0 (not readable).
+pub(crate) fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain constructor with valid flags; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Make eventfd `fd` readable (until [`drain`]ed).
+pub(crate) fn signal(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64 to an eventfd. It can only
+    // fail if the counter would overflow, which leaves it readable.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+/// Make eventfd `fd` unreadable again (nothing happens if it was).
+pub(crate) fn drain(fd: RawFd) {
+    let mut n: u64 = 0;
+    // SAFETY: reads at most 8 bytes into a live u64 from a non-blocking
+    // eventfd; with nothing signalled it fails with EAGAIN, which is fine.
+    unsafe { libc::read(fd, (&mut n as *mut u64).cast(), 8) };
+}
+
+/// Wait until `fd` is readable or `other` is (a [`Closing::fd`], say), at
+/// most `ms` milliseconds (negative: no limit). Returns whether `fd` is
+/// readable.
+pub(crate) fn poll_either(fd: RawFd, other: RawFd, ms: libc::c_int) -> io::Result<bool> {
     let mut fds = [
         libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: closing.fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: other, events: libc::POLLIN, revents: 0 },
     ];
     // SAFETY: two valid pollfds in a live array.
     let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
@@ -95,7 +113,7 @@ mod tests {
         assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
         // SAFETY: fresh descriptors, owned here from now on.
         let (r, _w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
-        assert!(!poll_either(r.as_raw_fd(), &c, 0).unwrap());
+        assert!(!poll_either(r.as_raw_fd(), c.fd(), 0).unwrap());
         assert!(c.channel().recv_timeout(Duration::from_millis(1)).is_err());
         assert!(!c.is_rung());
         let waiter = std::thread::spawn({
@@ -116,11 +134,31 @@ mod tests {
         for _ in 0..2 {
             // Still ready: later waits return at once.
             let start = Instant::now();
-            assert!(!poll_either(r.as_raw_fd(), &c, 10_000).unwrap());
+            assert!(!poll_either(r.as_raw_fd(), c.fd(), 10_000).unwrap());
             assert_eq!(c.channel().recv(), Err(crossbeam_channel::RecvError));
             assert!(start.elapsed() < Duration::from_secs(5));
             assert!(c.is_rung());
         }
         c.ring();
+    }
+
+    #[test]
+    fn a_drained_eventfd_is_quiet_until_signalled_again() {
+        let e = eventfd().unwrap();
+        let fd = e.as_raw_fd();
+        let readable = || {
+            let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, 0) == 1 }
+        };
+        assert!(!readable());
+        drain(fd);
+        signal(fd);
+        signal(fd);
+        assert!(readable());
+        drain(fd);
+        assert!(!readable(), "one drain takes every signal");
+        signal(fd);
+        assert!(readable());
     }
 }

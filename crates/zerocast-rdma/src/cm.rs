@@ -176,7 +176,7 @@ impl EventChannel {
             if let Some(e) = self.get(Some(Duration::ZERO))? {
                 return Ok(Some(e));
             }
-            if !crate::closing::poll_either(self.fd(), closing, -1)? {
+            if !crate::closing::poll_either(self.fd(), closing.fd(), -1)? {
                 // Rung (or interrupted): look once more, then report it.
                 return self.get(Some(Duration::ZERO));
             }

@@ -14,6 +14,7 @@
 use std::fmt;
 use std::io;
 use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::raw::c_int;
 use std::ptr::{self, NonNull};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -25,7 +26,8 @@ use rdma_sys::{
     ibv_srq_init_attr,
 };
 
-use crate::cm::{poll_readable, set_nonblocking};
+use crate::closing::{drain, eventfd, poll_either, signal};
+use crate::cm::set_nonblocking;
 use crate::device::{Context, ProtectionDomain};
 use crate::error::errno_from_rc;
 
@@ -125,6 +127,10 @@ struct Registry {
 pub(crate) struct AsyncEvents {
     ctx: Arc<Context>,
     registry: Mutex<Registry>,
+    /// Signalled when a handler goes ([`AsyncEvents::handler_gone`]): the
+    /// reader, asleep on the event queue with no timeout, looks whether
+    /// any is left.
+    gone: OwnedFd,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -138,8 +144,13 @@ impl fmt::Debug for AsyncEvents {
 }
 
 impl AsyncEvents {
-    pub(crate) fn new(ctx: &Arc<Context>) -> Arc<Self> {
-        Arc::new(Self { ctx: ctx.clone(), registry: Mutex::new(Registry::default()) })
+    pub(crate) fn new(ctx: &Arc<Context>) -> io::Result<Arc<Self>> {
+        Ok(Arc::new(Self { ctx: ctx.clone(), registry: Mutex::new(Registry::default()), gone: eventfd()? }))
+    }
+
+    /// A registered handler was dropped: the reader ends if it was the last.
+    pub(crate) fn handler_gone(&self) {
+        signal(self.gone.as_raw_fd());
     }
 
     /// Send `srq`'s limit events to `handler` (until it is dropped),
@@ -158,12 +169,16 @@ impl AsyncEvents {
         Ok(())
     }
 
-    /// The reader: ends once no handler is left.
+    /// The reader: ends once no handler is left. Asleep until an event
+    /// comes or a handler goes.
     fn run(&self) {
         // SAFETY: open context (held by `self`).
         let fd = unsafe { (*self.ctx.as_ptr()).async_fd };
         loop {
             {
+                // Drained before the look, so a handler that goes after
+                // it signals a fresh wake-up.
+                drain(self.gone.as_raw_fd());
                 let mut r = lock(&self.registry);
                 r.handlers.retain(|(_, h)| h.strong_count() > 0);
                 if r.handlers.is_empty() {
@@ -171,7 +186,7 @@ impl AsyncEvents {
                     return;
                 }
             }
-            match poll_readable(fd, 100) {
+            match poll_either(fd, self.gone.as_raw_fd(), -1) {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(e) => {

@@ -135,7 +135,7 @@ impl CompletionQueue {
         let Some(ch) = self.channel else { return Ok(false) };
         // SAFETY: live channel.
         let fd = unsafe { (*ch.as_ptr()).fd };
-        crate::closing::poll_either(fd, closing, ms)
+        crate::closing::poll_either(fd, closing.fd(), ms)
     }
 
     pub(crate) fn has_channel(&self) -> bool {

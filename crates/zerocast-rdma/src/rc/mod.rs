@@ -348,7 +348,8 @@ impl RcTransport {
         let pool = Pool::new(pool_config_for(&pool, &cfg.link, cfg.eager_limit), registrar)
             .map_err(transport_err)?;
         log_device(&device, &pd, cfg.max_inline);
-        let events = AsyncEvents::new(device.context());
+        let events =
+            AsyncEvents::new(device.context()).map_err(|e| transport_err(RcError::verbs("eventfd", e)))?;
         Ok(Self { inner: Arc::new(Inner { device, pd, pool, cfg, events }) })
     }
 

@@ -300,7 +300,7 @@ fn watch(mut sock: TcpStream, io: &Io) {
     let mut b = [0u8; 16];
     loop {
         if !io.is_closing() {
-            match crate::closing::poll_either(sock.as_raw_fd(), io.close_signal(), -1) {
+            match crate::closing::poll_either(sock.as_raw_fd(), io.close_signal().fd(), -1) {
                 // Readable: the read below returns at once.
                 Ok(true) => {}
                 // Closing (or interrupted): look again.

@@ -97,6 +97,14 @@ pub(crate) struct SharedRecv {
     event_refills: AtomicU64,
     admission_refills: AtomicU64,
     dropped_when_full: AtomicU64,
+    /// Told when this goes, so its reader can end (see `AsyncEvents`).
+    events: Arc<AsyncEvents>,
+}
+
+impl Drop for SharedRecv {
+    fn drop(&mut self) {
+        self.events.handler_gone();
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -151,6 +159,7 @@ impl SharedRecv {
             event_refills: AtomicU64::new(0),
             admission_refills: AtomicU64::new(0),
             dropped_when_full: AtomicU64::new(0),
+            events: events.clone(),
         });
         shared.fill(Wait::For(Duration::from_secs(5)), &shared.admission_refills)?;
         let handler: Weak<dyn LimitHandler> = Arc::downgrade(&shared) as Weak<dyn LimitHandler>;

@@ -74,14 +74,17 @@ pub fn assert_pool_drained(pool: &zerocast::Pool, timeout: Duration) {
 /// `ZEROCAST_RDMA_DEV` (default `rxe0`): unchanged across a test, they show
 /// that no receiver-not-ready happened.
 pub fn rnr_counters() -> (u64, u64) {
+    (hw_counter("rcvd_rnr_err"), hw_counter("send_rnr_err"))
+}
+
+/// One of rxe's port counters (`hw_counters/NAME`) of the device in
+/// `ZEROCAST_RDMA_DEV` (default `rxe0`).
+pub fn hw_counter(name: &str) -> u64 {
     let dev = std::env::var("ZEROCAST_RDMA_DEV").unwrap_or_else(|_| "rxe0".to_owned());
-    let read = |name: &str| {
-        let path = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters/{name}");
-        std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("reading {path}: {e}"))
-            .trim()
-            .parse::<u64>()
-            .unwrap_or_else(|e| panic!("parsing {path}: {e}"))
-    };
-    (read("rcvd_rnr_err"), read("send_rnr_err"))
+    let path = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters/{name}");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {path}: {e}"))
+        .trim()
+        .parse::<u64>()
+        .unwrap_or_else(|e| panic!("parsing {path}: {e}"))
 }

@@ -253,7 +253,7 @@ impl Driver {
     /// application. An error means the peer broke the protocol; the
     /// connection is already marked failed when it is returned.
     pub fn on_frame(&self, header: Header, payload: Option<Buf>) -> Result<(), ConnError> {
-        self.on_frame_inner(header, payload, None)
+        self.on_frame_inner(Arrived::Header(header), payload, None)
     }
 
     /// Account for a data frame that arrived without a header, as the
@@ -262,14 +262,20 @@ impl Driver {
     /// buffer it consumed (empty); the application sees `imm` through
     /// [`crate::RecvBuf::immediate`].
     pub fn on_immediate(&self, imm: u32, buf: Buf) -> Result<(), ConnError> {
-        let seq = self.shared.lock().credits.next_rx_seq();
-        let header = Header::new(FrameKind::Data, 0, seq, buf.len() as u64);
-        self.on_frame_inner(header, Some(buf), Some(imm))
+        self.on_frame_inner(Arrived::Next { credits: 0, seq_low: None }, Some(buf), Some(imm))
+    }
+
+    /// Account for a data frame whose header travelled in short form, as a
+    /// backend carries it (RC: a send with immediate): the payload is
+    /// `buf` (its length is the frame's), `credits` are returned with it,
+    /// and `seq_low` must be the low 16 bits of the next sequence number.
+    pub fn on_short(&self, credits: u16, seq_low: u16, buf: Buf) -> Result<(), ConnError> {
+        self.on_frame_inner(Arrived::Next { credits, seq_low: Some(seq_low) }, Some(buf), None)
     }
 
     fn on_frame_inner(
         &self,
-        header: Header,
+        arrived: Arrived,
         payload: Option<Buf>,
         imm: Option<u32>,
     ) -> Result<(), ConnError> {
@@ -277,6 +283,17 @@ impl Driver {
         if self.shared.heartbeat.is_some() {
             st.last_rx = Instant::now();
         }
+        let header = match arrived {
+            Arrived::Header(h) => h,
+            Arrived::Next { credits, seq_low } => {
+                let seq = st.credits.next_rx_seq();
+                // A short sequence number that is not the next one is
+                // reported whole: the expected number's high bits, its low.
+                let seq = seq_low.map_or(seq, |low| (seq & !0xffff) | u32::from(low));
+                let len = payload.as_ref().map_or(0, |b| b.len() as u64);
+                Header::new(FrameKind::Data, credits, seq, len)
+            }
+        };
         if let Err(e) = st.credits.on_receive(&header) {
             drop(st);
             return Err(self.fail(e.into()));
@@ -388,4 +405,13 @@ impl Driver {
         let st = self.shared.lock();
         st.failed.is_some() || (st.goodbye_sent && st.peer_closed)
     }
+}
+
+/// How a frame's header reached [`Driver::on_frame_inner`].
+enum Arrived {
+    /// Whole, from the wire.
+    Header(Header),
+    /// Not on the wire: a data frame taking the next sequence number
+    /// (checked against `seq_low` when given), returning `credits`.
+    Next { credits: u16, seq_low: Option<u16> },
 }

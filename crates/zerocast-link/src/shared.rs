@@ -289,7 +289,7 @@ impl<T> std::fmt::Debug for Hook<T> {
 mod tests {
     use std::time::Instant;
 
-    use zerocast_core::{Endpoint, FrameKind, Header, LinkConfig, RecvError};
+    use zerocast_core::{ConnError, CreditError, Endpoint, FrameKind, Header, LinkConfig, RecvError};
     use zerocast_mem::{Pool, PoolConfig, Wait};
 
     use crate::{hello_for, Driver, Link, LinkSetup};
@@ -358,5 +358,30 @@ mod tests {
         assert_eq!(credits(&driver), (2, 3), "pending again");
         assert!(matches!(link.stats(), s if s.held == 2), "stats fold too");
         assert_eq!(credits(&driver), (3, 2));
+    }
+
+    #[test]
+    fn a_short_header_takes_the_next_sequence_number_and_is_checked() {
+        let (link, driver) = open(64);
+        arrive(&link, &driver, 0..2);
+        let buf = |n: usize| {
+            let mut b = link.pool().alloc(n, Wait::No).unwrap();
+            b.try_set_len(n).unwrap();
+            b
+        };
+        driver.on_short(0, 2, buf(7)).unwrap();
+        let got: Vec<_> = (0..3).map(|_| link.recv(None).unwrap().len()).collect();
+        assert_eq!(got, [10, 10, 7], "in order, with the payload's length");
+        assert_eq!(driver.shared.lock().credits.next_rx_seq(), 3);
+        // Credits returned with it are counted: none are outstanding here,
+        // so returning one breaks the protocol.
+        let err = driver.on_short(1, 3, buf(1)).unwrap_err();
+        assert!(matches!(err, ConnError::Credit(CreditError::Duplicated { returned: 1, .. })), "{err:?}");
+        let (link, driver) = open(64);
+        arrive(&link, &driver, 0..1);
+        let err = driver.on_short(0, 5, buf(1)).unwrap_err();
+        assert!(matches!(err, ConnError::Credit(CreditError::Sequence { expected: 1, got: 5 })), "{err:?}");
+        assert!(link.recv(None).is_ok(), "the frame before it was delivered");
+        assert!(link.recv(None).is_err(), "the connection failed");
     }
 }

@@ -504,8 +504,8 @@ impl fmt::Debug for QueuePair {
 /// Size of one frame-header slot.
 pub(crate) const SLOT: usize = zerocast_core::HEADER_LEN;
 
-/// A registered array of 16-byte frame-header slots: the first SGE of every
-/// send and receive.
+/// A registered array of 16-byte slots, one per send slot: the frame
+/// header (or RC rendezvous descriptor) that a send carries.
 pub(crate) struct HeaderSlab {
     ptr: NonNull<u8>,
     slots: usize,
@@ -546,15 +546,6 @@ impl HeaderSlab {
         // SAFETY: in bounds; the slot is owned by the caller's table entry,
         // so no posted WR reads or writes it now.
         unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.as_ptr().add(slot * SLOT), SLOT) };
-    }
-
-    /// Read the header the device wrote into `slot` (its WR completed).
-    pub(crate) fn read(&self, slot: usize) -> [u8; SLOT] {
-        assert!(slot < self.slots, "header slot out of range");
-        let mut out = [0u8; SLOT];
-        // SAFETY: in bounds; the receive that wrote it has completed.
-        unsafe { ptr::copy_nonoverlapping(self.ptr.as_ptr().add(slot * SLOT), out.as_mut_ptr(), SLOT) };
-        out
     }
 }
 

@@ -9,10 +9,15 @@
 //! thread is doing.
 //!
 //! Ownership: every posted buffer sits in an in-flight table keyed by its
-//! `wr_id` slot until its completion is polled. Every send and receive is a
-//! two-entry scatter list: a 16-byte header slot from a registered slab,
-//! then the pool buffer, so a received payload starts at offset 0 of its
-//! buffer and is handed to the application without a copy.
+//! `wr_id` slot until its completion is polled. A receive is one scatter
+//! entry, the whole pool buffer. A data frame is sent with immediate: the
+//! payload alone, straight from its pool buffer (or inline), with the
+//! credits it returns and its sequence number's low 16 bits in the 32-bit
+//! immediate. It lands at offset 0 of the receive buffer and is handed to
+//! the application without a copy, and a message of a power-of-two size
+//! fills whole packets. Any other frame (credits, goodbye, rendezvous
+//! request or finish) is a plain send of its 16-byte header, from a slot of
+//! a registered slab, and its small payload: it lands header first.
 
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +26,7 @@ use std::thread;
 use std::time::Duration;
 
 use rdma_sys::{ibv_recv_wr, ibv_sge};
-use zerocast_core::{ConnError, HEADER_LEN};
+use zerocast_core::ConnError;
 use zerocast_link::{Driver, Repost, Reposted, Reposts};
 use zerocast_mem::{Buf, Pool, Wait};
 
@@ -61,7 +66,8 @@ pub(crate) struct Io {
     cq: Arc<CompletionQueue>,
     /// Large messages in both directions (see `rendezvous`).
     rendezvous: Rendezvous,
-    recv_hdr: HeaderSlab,
+    /// Per send slot: the header of a frame that is not data (data frames
+    /// carry theirs in the immediate).
     send_hdr: HeaderSlab,
     /// Per send slot: the descriptor a rendezvous frame carries.
     send_desc: HeaderSlab,
@@ -121,7 +127,6 @@ impl Io {
     ) -> Result<Arc<Self>, RcError> {
         let reg = |e: zerocast_mem::RegisterError| RcError::Config(format!("registering header slots: {e}"));
         let posted = sizes.posted_receives();
-        let recv_hdr = HeaderSlab::new(qp.pd(), posted).map_err(reg)?;
         let send_hdr = HeaderSlab::new(qp.pd(), sizes.send_depth).map_err(reg)?;
         let send_desc = HeaderSlab::new(qp.pd(), sizes.send_depth).map_err(reg)?;
         let rendezvous = Rendezvous::new(HeaderSlab::new(qp.pd(), 1).map_err(reg)?, posted);
@@ -130,7 +135,6 @@ impl Io {
             qp,
             cq,
             rendezvous,
-            recv_hdr,
             send_hdr,
             send_desc,
             recv: Mutex::new(RecvTable {
@@ -201,24 +205,16 @@ impl Io {
             return Err(RcError::Config("more receives posted than the window".into()));
         };
         let cap = u32::try_from(buf.capacity()).unwrap_or(u32::MAX);
-        let mut sges = [
-            ibv_sge {
-                addr: self.recv_hdr.addr(slot as usize),
-                length: HEADER_LEN as u32,
-                lkey: self.recv_hdr.lkey(),
-            },
-            ibv_sge { addr: buf.addr(), length: cap, lkey: buf.keys().lkey },
-        ];
+        let mut sge = ibv_sge { addr: buf.addr(), length: cap, lkey: buf.keys().lkey };
         let mut wr = ibv_recv_wr {
             wr_id: RECV_BIT | u64::from(slot),
             next: ptr::null_mut(),
-            sg_list: sges.as_mut_ptr(),
-            num_sge: 2,
+            sg_list: &mut sge,
+            num_sge: 1,
         };
         t.slots[slot as usize] = Some(buf);
-        // SAFETY: both SGEs are registered in the QP's PD (the slab, and the
-        // pool registered through the same PD); the buffer stays in the
-        // table, and the slab in `self`, until the completion is polled.
+        // SAFETY: the SGE covers a pool buffer registered in the QP's PD;
+        // the buffer stays in the table until the completion is polled.
         match unsafe { self.qp.post_recv(&mut wr) } {
             Ok(()) => {
                 t.posted += 1;

@@ -391,7 +391,9 @@ impl RcTransport {
     }
 
     fn sizes(&self, link: &LinkConfig) -> Result<Sizes, RcError> {
-        let eager = (link.max_payload as usize).min(self.inner.cfg.eager_limit);
+        // At least a frame with a header: a rendezvous request (header and
+        // descriptor) lands whole in a receive buffer.
+        let eager = (link.max_payload as usize).min(self.inner.cfg.eager_limit).max(rendezvous::REQUEST_LEN);
         let buf_size = self
             .inner
             .pool

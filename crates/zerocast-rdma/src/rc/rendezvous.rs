@@ -57,6 +57,8 @@ const MAX_FINISHES: usize = 2 * MAX_PENDING;
 pub(crate) const SQ_EXTRA: usize = 1 + MAX_FINISHES;
 /// Length of a [`Descriptor`] on the wire.
 pub(crate) const DESC_LEN: usize = 16;
+/// A rendezvous request on the wire: its header, then the descriptor.
+pub(crate) const REQUEST_LEN: usize = HEADER_LEN + DESC_LEN;
 /// How long the thread polling the CQ waits for a pool buffer to read into.
 const ALLOC_WAIT: Duration = Duration::from_secs(5);
 
@@ -110,6 +112,9 @@ pub(crate) enum Arrival {
     Request(Header, Descriptor),
     /// An RDMA WRITE with this immediate value consumed this (empty) buffer.
     Immediate(u32, Buf),
+    /// A data frame sent with its header in the immediate: the credits it
+    /// returns, the low 16 bits of its sequence number, and the payload.
+    Short(u16, u16, Buf),
 }
 
 #[derive(Debug)]
@@ -245,6 +250,7 @@ fn process(io: &Io, driver: &Driver, st: &mut Inbound, a: Arrival) -> Result<(),
     match a {
         Arrival::Frame(h, buf) => driver.on_frame(h, buf),
         Arrival::Immediate(imm, buf) => driver.on_immediate(imm, buf),
+        Arrival::Short(credits, seq_low, buf) => driver.on_short(credits, seq_low, buf),
         Arrival::Request(h, d) => start_read(io, st, h, d).map_err(ConnError::transport),
     }
 }

@@ -36,14 +36,13 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use rdma_sys::{ibv_recv_wr, ibv_sge, ibv_wc};
-use zerocast_core::HEADER_LEN;
 use zerocast_mem::{Buf, Pool, Wait};
 
 use super::engine::RECV_BIT;
 use super::RcError;
 use crate::device::ProtectionDomain;
 use crate::srq::{AsyncEvents, LimitHandler, Srq};
-use crate::verbs::{CompletionQueue, HeaderSlab};
+use crate::verbs::CompletionQueue;
 
 /// Counters of a listener's shared receive queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,7 +84,6 @@ pub(crate) struct SharedRecv {
     // Drop order: the SRQ goes first (no QP holds it any more: each
     // connection holding one holds this), then the buffers it pointed at.
     srq: Arc<Srq>,
-    hdr: HeaderSlab,
     table: Mutex<Table>,
     /// Serialises admissions (each fills, then counts itself in).
     admit: Mutex<()>,
@@ -139,11 +137,8 @@ impl SharedRecv {
             return Err(RcError::Config(format!("srq={capacity} exceeds the device's max_srq_wr {max_wr}")));
         }
         let srq = Srq::new(pd, capacity as u32).map_err(|e| RcError::verbs("ibv_create_srq", e))?;
-        let hdr = HeaderSlab::new(pd, capacity)
-            .map_err(|e| RcError::Config(format!("registering SRQ header slots: {e}")))?;
         let shared = Arc::new(Self {
             srq,
-            hdr,
             table: Mutex::new(Table {
                 slots: (0..capacity).map(|_| None).collect(),
                 free: (0..capacity as u32).rev().collect(),
@@ -237,21 +232,17 @@ impl SharedRecv {
             return Ok(false);
         };
         let cap = u32::try_from(buf.capacity()).unwrap_or(u32::MAX);
-        let mut sges = [
-            ibv_sge { addr: self.hdr.addr(slot as usize), length: HEADER_LEN as u32, lkey: self.hdr.lkey() },
-            ibv_sge { addr: buf.addr(), length: cap, lkey: buf.keys().lkey },
-        ];
+        let mut sge = ibv_sge { addr: buf.addr(), length: cap, lkey: buf.keys().lkey };
         let mut wr = ibv_recv_wr {
             wr_id: RECV_BIT | u64::from(slot),
             next: std::ptr::null_mut(),
-            sg_list: sges.as_mut_ptr(),
-            num_sge: 2,
+            sg_list: &mut sge,
+            num_sge: 1,
         };
         t.slots[slot as usize] = Some(buf);
-        // SAFETY: both SGEs are registered in the SRQ's PD (the header slab,
-        // and the pool registered through the same PD); the buffer stays in
-        // the table, and the slab in `self`, until a completion for the
-        // slot is polled or the SRQ (destroyed first) is gone.
+        // SAFETY: the SGE covers a pool buffer registered in the SRQ's PD;
+        // the buffer stays in the table until a completion for the slot is
+        // polled or the SRQ (destroyed first) is gone.
         match unsafe { self.srq.post_recv(&mut wr) } {
             Ok(()) => {
                 t.posted += 1;
@@ -274,15 +265,13 @@ impl SharedRecv {
         Ok(())
     }
 
-    /// The buffer and header of a completed receive in `slot`.
-    pub(crate) fn take(&self, slot: usize) -> Option<(Buf, [u8; HEADER_LEN])> {
+    /// The buffer of a completed receive in `slot`.
+    pub(crate) fn take(&self, slot: usize) -> Option<Buf> {
         let mut t = lock(&self.table);
         let buf = t.slots.get_mut(slot).and_then(Option::take)?;
-        // Read before the slot is free: a repost may reuse it at once.
-        let raw = self.hdr.read(slot);
         t.posted -= 1;
         t.free.push(slot as u32);
-        Some((buf, raw))
+        Some(buf)
     }
 
     /// The counters.

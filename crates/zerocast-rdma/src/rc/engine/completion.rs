@@ -19,32 +19,18 @@ use crate::rc::RcError;
 pub(super) fn on_completion(io: &Io, driver: &Driver, wc: &ibv_wc) {
     if wc.wr_id & RECV_BIT != 0 {
         let slot = (wc.wr_id & !RECV_BIT) as usize;
-        if let Some(m) = &io.srq {
+        let buf = match &io.srq {
             // The slot is in the listener's shared table.
-            let Some((buf, raw)) = m.shared().take(slot) else {
-                tracing::warn!(slot, "receive completion for an empty shared slot");
-                return;
-            };
-            if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
-                drop(buf);
-                on_error(io, driver, wc.status, wc.vendor_err);
-            } else if let Err(e) = on_receive(io, driver, &raw, wc.byte_len as usize, buf) {
-                driver.fail(e);
-                io.close();
+            Some(m) => m.shared().take(slot),
+            None => {
+                let mut t = lock(&io.recv);
+                let buf = t.slots.get_mut(slot).and_then(Option::take);
+                if buf.is_some() {
+                    t.posted -= 1;
+                    t.free.push(slot as u32);
+                }
+                buf
             }
-            return;
-        }
-        // Read the header before the slot is freed: once free, the reposter
-        // may post a new receive into it, and the device may overwrite it.
-        let (buf, raw) = {
-            let mut t = lock(&io.recv);
-            let buf = t.slots.get_mut(slot).and_then(Option::take);
-            let raw = io.recv_hdr.read(slot.min(t.slots.len().saturating_sub(1)));
-            if buf.is_some() {
-                t.posted -= 1;
-                t.free.push(slot as u32);
-            }
-            (buf, raw)
         };
         let Some(buf) = buf else {
             tracing::warn!(slot, "receive completion for an empty slot");
@@ -58,7 +44,7 @@ pub(super) fn on_completion(io: &Io, driver: &Driver, wc: &ibv_wc) {
         let done = if wc.opcode == ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM {
             on_write_imm(io, driver, wc, buf)
         } else {
-            on_receive(io, driver, &raw, wc.byte_len as usize, buf)
+            on_receive(io, driver, wc, buf)
         };
         if let Err(e) = done {
             driver.fail(e);
@@ -108,14 +94,20 @@ fn on_write_imm(io: &Io, driver: &Driver, wc: &ibv_wc, mut buf: Buf) -> Result<(
     rendezvous::arrive(io, driver, Arrival::Immediate(imm, buf))
 }
 
-fn on_receive(
-    io: &Io,
-    driver: &Driver,
-    raw: &[u8; HEADER_LEN],
-    byte_len: usize,
-    mut buf: Buf,
-) -> Result<(), ConnError> {
-    let header = Header::decode(&raw[..byte_len.min(HEADER_LEN)], driver.max_payload())?;
+/// A send landed in `buf`. A data frame comes with its header in the
+/// immediate (see `engine/send.rs`) and its payload alone in the buffer;
+/// any other frame comes whole, its header first.
+fn on_receive(io: &Io, driver: &Driver, wc: &ibv_wc, mut buf: Buf) -> Result<(), ConnError> {
+    let byte_len = wc.byte_len as usize;
+    if wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
+        // SAFETY: `IBV_WC_WITH_IMM` is set, so the union holds the immediate.
+        let imm = u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data });
+        let (credits, seq_low) = short_header(imm);
+        buf.try_set_len(byte_len).map_err(ConnError::transport)?;
+        return rendezvous::arrive(io, driver, Arrival::Short(credits, seq_low, buf));
+    }
+    buf.try_set_len(byte_len).map_err(ConnError::transport)?;
+    let header = Header::decode(&buf[..byte_len.min(HEADER_LEN)], driver.max_payload())?;
     if byte_len < HEADER_LEN || header.len != (byte_len - HEADER_LEN) as u64 {
         let msg = format!("{byte_len} bytes received for a frame of {} payload bytes", header.len);
         return Err(ConnError::transport(RcError::BadFrame(msg)));
@@ -129,8 +121,8 @@ fn on_receive(
     };
     match header.kind {
         FrameKind::Data => {
-            buf.try_set_len(header.len as usize).map_err(ConnError::transport)?;
-            rendezvous::arrive(io, driver, Arrival::Frame(header, Some(buf)))
+            let msg = "a data frame with its header in the payload (data frames carry it in the immediate)";
+            Err(ConnError::transport(RcError::BadFrame(msg.into())))
         }
         FrameKind::Rendezvous if header.len == 0 => {
             // A finish: outside the credit window, its receive is one of
@@ -139,16 +131,16 @@ fn on_receive(
             io.rendezvous.on_finish().map_err(ConnError::transport)
         }
         FrameKind::Rendezvous => {
-            buf.try_set_len(header.len as usize).map_err(ConnError::transport)?;
-            let d = Descriptor::decode(&buf, driver.max_payload()).map_err(ConnError::transport)?;
+            let d =
+                Descriptor::decode(&buf[HEADER_LEN..], driver.max_payload()).map_err(ConnError::transport)?;
             // The message will arrive in a buffer of its own; this one goes
             // back to the pool, and its release reposts a fresh one.
             drop(buf);
             rendezvous::arrive(io, driver, Arrival::Request(header, d))
         }
         FrameKind::Credit | FrameKind::Control => {
-            // The buffer carried nothing: post it again at once (the core
-            // counts the credit as owed already).
+            // The buffer carried only the header: post it again at once
+            // (the core counts the credit as owed already).
             repost_now(buf)?;
             rendezvous::arrive(io, driver, Arrival::Frame(header, None))
         }
@@ -169,4 +161,28 @@ fn on_error(io: &Io, driver: &Driver, status: u32, vendor_err: u32) {
     tracing::debug!(error = %err, "RC work completion failed");
     driver.fail(ConnError::transport(err));
     io.close();
+}
+
+/// The immediate of a data frame sent with its header in it: the credits
+/// returned (high 16 bits) and the low 16 bits of its sequence number.
+pub(super) fn short_immediate(credits: u16, seq: u32) -> u32 {
+    (u32::from(credits) << 16) | (seq & 0xffff)
+}
+
+/// [`short_immediate`] read back.
+fn short_header(imm: u32) -> (u16, u16) {
+    ((imm >> 16) as u16, imm as u16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{short_header, short_immediate};
+
+    #[test]
+    fn a_short_header_keeps_the_credits_and_the_low_bits_of_the_sequence() {
+        assert_eq!(short_header(short_immediate(0, 0)), (0, 0));
+        assert_eq!(short_header(short_immediate(513, 7)), (513, 7));
+        assert_eq!(short_header(short_immediate(u16::MAX, u32::MAX)), (u16::MAX, u16::MAX));
+        assert_eq!(short_header(short_immediate(3, 0x1_2345)), (3, 0x2345), "the low 16 bits");
+    }
 }

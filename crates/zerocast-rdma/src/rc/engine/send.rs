@@ -1,7 +1,9 @@
 //! The send path of an RC connection: the send queue as a [`Wire`], through
 //! which the writer thread, or a sending thread itself, turns the link's
-//! batches into chained work requests — two-SGE sends (header slot, then
-//! the pool buffer), inline when small, rendezvous requests for payloads
+//! batches into chained work requests — data frames as sends with
+//! immediate of the payload alone (the header in the immediate), other
+//! frames as sends of a header slot and their payload, inline when small,
+//! rendezvous requests for payloads
 //! larger than the peer's receive buffers, RDMA WRITEs with immediate for
 //! tagged frames — with selective signalling, and the ring of sends in
 //! flight that holds each payload until its completion.
@@ -15,6 +17,7 @@ use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
 use zerocast_link::{Driver, Frame, Wire, WireCtx};
 use zerocast_mem::Buf;
 
+use super::completion::short_immediate;
 use super::{lock, Io};
 use crate::rc::rendezvous::{Descriptor, DESC_LEN};
 use crate::rc::RcError;
@@ -187,7 +190,6 @@ fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
     }
     for (i, frame) in batch.iter().enumerate() {
         let r = reserved[i];
-        let len = frame.payload.as_ref().map_or(0, |b| b.len());
         let large = by_rendezvous(io, frame);
         if frame.tag != 0 {
             match io.imm_ops.take(frame.tag) {
@@ -200,35 +202,29 @@ fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
                 None => tracing::error!(tag = frame.tag, "write with immediate without its operation"),
             }
         }
-        let header = match &frame.payload {
+        let mut pair = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 2];
+        let wr = match &frame.payload {
             Some(b) if large => {
                 io.send_desc.write(r.slot, &Descriptor::of(b).encode());
                 let h = &frame.header;
-                Header::new(FrameKind::Rendezvous, h.credits, h.seq, DESC_LEN as u64)
+                let header = Header::new(FrameKind::Rendezvous, h.credits, h.seq, DESC_LEN as u64);
+                io.send_hdr.write(r.slot, &header.encode());
+                pair = [
+                    header_sge(io, r.slot),
+                    ibv_sge {
+                        addr: io.send_desc.addr(r.slot),
+                        length: DESC_LEN as u32,
+                        lkey: io.send_desc.lkey(),
+                    },
+                ];
+                let mut wr = base_wr(&r, inline[i]);
+                wr.num_sge = 2;
+                wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+                wr
             }
-            _ => frame.header,
+            _ => plain_wr(io, &r, frame, &mut pair, inline[i]),
         };
-        io.send_hdr.write(r.slot, &header.encode());
-        let hdr = header_sge(io, r.slot);
-        let (payload, num) = match &frame.payload {
-            _ if large => (
-                ibv_sge {
-                    addr: io.send_desc.addr(r.slot),
-                    length: DESC_LEN as u32,
-                    lkey: io.send_desc.lkey(),
-                },
-                2,
-            ),
-            Some(b) if len > 0 => (payload_sge(b), 2),
-            _ => (ibv_sge { addr: 0, length: 0, lkey: 0 }, 1),
-        };
-        sges.push([hdr, payload]);
-        // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).
-        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = r.seq;
-        wr.num_sge = num;
-        wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
-        wr.send_flags = send_flags(&r, inline[i]);
+        sges.push(pair);
         wrs.push(wr);
     }
     for i in 0..n {
@@ -276,7 +272,6 @@ fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
 /// on a quiet link: one work request, built on the stack while the ring is
 /// locked once, and signalled on the same terms.
 fn post_one(io: &Io, frame: &mut Frame) -> Result<(), RcError> {
-    let len = frame.payload.as_ref().map_or(0, |b| b.len());
     let inline = is_inline(io, frame, io.qp.max_inline() as usize);
     let signal = wants_signal(io, frame, inline);
     let mut t = lock(&io.send);
@@ -289,18 +284,9 @@ fn post_one(io: &Io, frame: &mut Frame) -> Result<(), RcError> {
         }
         t = wait_send(io, t);
     };
-    io.send_hdr.write(r.slot, &frame.header.encode());
-    let mut sges = [header_sge(io, r.slot), ibv_sge { addr: 0, length: 0, lkey: 0 }];
-    if let Some(b) = frame.payload.as_ref().filter(|_| len > 0) {
-        sges[1] = payload_sge(b);
-    }
-    // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).
-    let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-    wr.wr_id = r.seq;
+    let mut sges = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 2];
+    let mut wr = plain_wr(io, &r, frame, &mut sges, inline);
     wr.sg_list = sges.as_mut_ptr();
-    wr.num_sge = if len > 0 { 2 } else { 1 };
-    wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
-    wr.send_flags = send_flags(&r, inline);
     // SAFETY: the SGEs point into the registered header slab (kept in
     // `io`) and a registered pool buffer, kept in `frame` during the call
     // and in the send ring after it until its completion is polled (an
@@ -317,6 +303,46 @@ fn post_one(io: &Io, frame: &mut Frame) -> Result<(), RcError> {
             Err(RcError::verbs("ibv_post_send", e))
         }
     }
+}
+
+/// The work request (its scatter list in `sges`, to be pointed at) of a
+/// plain frame, neither tagged nor a rendezvous, in send slot `r`. A data
+/// frame goes as a send with immediate of its payload alone, the credits it
+/// returns and its sequence number's low 16 bits in the immediate: no
+/// header bytes, so a message of a power-of-two size fills whole packets.
+/// Any other frame goes as a send of its header, written into the slot,
+/// and its payload (none, for credit frames and goodbyes).
+fn plain_wr(io: &Io, r: &Reserved, frame: &Frame, sges: &mut [ibv_sge; 2], inline: bool) -> ibv_send_wr {
+    let payload = frame.payload.as_ref().filter(|b| !b.is_empty());
+    let mut wr = base_wr(r, inline);
+    if frame.header.kind == FrameKind::Data {
+        if let Some(b) = payload {
+            sges[0] = payload_sge(b);
+        }
+        wr.num_sge = i32::from(payload.is_some());
+        wr.opcode = ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
+        let h = &frame.header;
+        wr.imm_data_invalidated_rkey_union.imm_data = short_immediate(h.credits, h.seq).to_be();
+    } else {
+        io.send_hdr.write(r.slot, &frame.header.encode());
+        sges[0] = header_sge(io, r.slot);
+        if let Some(b) = payload {
+            sges[1] = payload_sge(b);
+        }
+        wr.num_sge = if payload.is_some() { 2 } else { 1 };
+        wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+    }
+    wr
+}
+
+/// A work request for send slot `r`, numbered and flagged, with no opcode or
+/// scatter list yet.
+fn base_wr(r: &Reserved, inline: bool) -> ibv_send_wr {
+    // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).
+    let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+    wr.wr_id = r.seq;
+    wr.send_flags = send_flags(r, inline);
+    wr
 }
 
 /// The scatter entry of send slot `slot`'s header.
@@ -343,7 +369,12 @@ fn wants_signal(io: &Io, frame: &Frame, inline: bool) -> bool {
 /// same, so the fallback that sends it as a plain message stays inline.
 fn is_inline(io: &Io, frame: &Frame, max_inline: usize) -> bool {
     let len = frame.payload.as_ref().map_or(0, |b| b.len());
-    HEADER_LEN + if by_rendezvous(io, frame) { DESC_LEN } else { len } <= max_inline
+    let bytes = match () {
+        _ if by_rendezvous(io, frame) => HEADER_LEN + DESC_LEN,
+        _ if frame.header.kind == FrameKind::Data => len,
+        _ => HEADER_LEN + len,
+    };
+    bytes <= max_inline
 }
 
 /// Whether `frame` goes as a rendezvous request: a plain data frame larger
@@ -379,15 +410,12 @@ fn write_imm_wr(
         _ => none,
     };
     sges.push([payload, none]);
-    // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).
-    let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-    wr.wr_id = r.seq;
+    // Signalled as the ring decided: it sits in the ring like a send.
+    let mut wr = base_wr(r, inline);
     wr.num_sge = i32::from(payload.length > 0);
     wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
     wr.imm_data_invalidated_rkey_union.imm_data = op.imm.to_be();
     wr.wr.rdma.remote_addr = op.remote.addr;
     wr.wr.rdma.rkey = op.remote.rkey;
-    // Signalled as the ring decided: it sits in the ring like a send.
-    wr.send_flags = send_flags(r, inline);
     wr
 }

@@ -504,8 +504,8 @@ impl fmt::Debug for QueuePair {
 /// Size of one frame-header slot.
 pub(crate) const SLOT: usize = zerocast_core::HEADER_LEN;
 
-/// A registered array of 16-byte slots, one per send slot: the frame
-/// header (or RC rendezvous descriptor) that a send carries.
+/// A registered array of 16-byte slots for what sends carry besides a
+/// payload buffer: frame headers, and RC rendezvous descriptors.
 pub(crate) struct HeaderSlab {
     ptr: NonNull<u8>,
     slots: usize,

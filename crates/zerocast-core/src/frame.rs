@@ -17,8 +17,11 @@
 pub const HEADER_LEN: usize = 16;
 /// First byte of every header.
 pub const MAGIC: u8 = 0x5A;
-/// Wire protocol version carried in every header and in the handshake.
-pub const VERSION: u8 = 1;
+/// Wire protocol version carried in every header and in the handshake: a
+/// peer of another version is refused at the handshake. 2: an RC data
+/// frame carries its header in the send's immediate, not in front of the
+/// payload.
+pub const VERSION: u8 = 2;
 
 /// What a frame carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

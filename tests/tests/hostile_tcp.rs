@@ -8,6 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
+use zerocast::core::frame::{MAGIC, VERSION};
 use zerocast::core::handshake::HELLO_LEN;
 use zerocast::core::{CreditError, FrameError, FrameKind, Header, Hello, HEADER_LEN};
 use zerocast::{Config, ConnError, ConnectError, Listener, RecvError, TcpConfig, Zerocast};
@@ -112,7 +113,9 @@ fn garbage_frames_fail_only_that_connection() {
     let good_client = good_client.join().expect("join");
 
     let (mut bad, bad_server) = handshaken(&listener, addr, 8);
-    bad.write_all(b"\x5a\x1f this is not a frame at all").expect("write");
+    // The magic and this build's version, then kind 15, which does not exist.
+    bad.write_all(&[MAGIC, (VERSION << 4) | 0xf]).expect("write");
+    bad.write_all(b" this is not a frame at all").expect("write");
     assert!(matches!(expect_failure(&bad_server), ConnError::Frame(FrameError::UnknownKind { .. })));
 
     let mut b = good_client.alloc(2).expect("alloc");

@@ -86,16 +86,7 @@ pub(crate) fn poll_either(fd: RawFd, other: RawFd, ms: libc::c_int) -> io::Resul
         libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: other, events: libc::POLLIN, revents: 0 },
     ];
-    // SAFETY: two valid pollfds in a live array.
-    let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-    if rc < 0 {
-        let err = io::Error::last_os_error();
-        if err.kind() == io::ErrorKind::Interrupted {
-            return Ok(false);
-        }
-        return Err(err);
-    }
-    Ok(fds[0].revents != 0)
+    Ok(crate::cm::poll_in(&mut fds, ms)? && fds[0].revents != 0)
 }
 
 #[cfg(test)]

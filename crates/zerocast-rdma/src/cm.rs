@@ -165,9 +165,7 @@ impl EventChannel {
             poll_readable(self.fd(), wait_ms)?;
         }
     }
-}
 
-impl EventChannel {
     /// The next event, waiting for it as long as it takes, unless
     /// `closing` is rung (or a signal interrupts the wait): then
     /// `Ok(None)`, and at once for ever after the ring.
@@ -199,9 +197,15 @@ impl fmt::Debug for EventChannel {
 
 /// Wait until `fd` is readable or `ms` milliseconds passed.
 pub(crate) fn poll_readable(fd: c_int, ms: c_int) -> io::Result<bool> {
-    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    // SAFETY: one valid pollfd.
-    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+    poll_in(&mut [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }], ms)
+}
+
+/// Wait until one of `fds` has an event or `ms` milliseconds passed
+/// (negative: no limit); whether any has. A signal ends the wait early, as
+/// a timeout. Which ones are in their `revents`.
+pub(crate) fn poll_in(fds: &mut [libc::pollfd], ms: c_int) -> io::Result<bool> {
+    // SAFETY: `fds.len()` valid pollfds in a live slice.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
     if rc < 0 {
         let err = io::Error::last_os_error();
         if err.kind() == io::ErrorKind::Interrupted {

@@ -98,9 +98,7 @@ impl CompletionQueue {
             std::thread::yield_now();
             return Ok(false);
         };
-        // SAFETY: live channel.
-        let fd = unsafe { (*ch.as_ptr()).fd };
-        if !poll_readable(fd, ms)? {
+        if !self.readable(ms)? {
             return Ok(false);
         }
         let mut cq: *mut ibv_cq = ptr::null_mut();
@@ -119,9 +117,7 @@ impl CompletionQueue {
     /// `ms` for one, without taking it (that is [`Self::wait`]'s job).
     /// Without a channel: `false` at once.
     pub(crate) fn readable(&self, ms: c_int) -> io::Result<bool> {
-        let Some(ch) = self.channel else { return Ok(false) };
-        // SAFETY: live channel.
-        let fd = unsafe { (*ch.as_ptr()).fd };
+        let Some(fd) = self.channel_fd() else { return Ok(false) };
         poll_readable(fd, ms)
     }
 
@@ -132,10 +128,14 @@ impl CompletionQueue {
         closing: &crate::closing::Closing,
         ms: c_int,
     ) -> io::Result<bool> {
-        let Some(ch) = self.channel else { return Ok(false) };
-        // SAFETY: live channel.
-        let fd = unsafe { (*ch.as_ptr()).fd };
+        let Some(fd) = self.channel_fd() else { return Ok(false) };
         crate::closing::poll_either(fd, closing.fd(), ms)
+    }
+
+    /// The completion channel's descriptor, if there is a channel.
+    fn channel_fd(&self) -> Option<c_int> {
+        // SAFETY: the channel lives as long as `self`.
+        self.channel.map(|ch| unsafe { (*ch.as_ptr()).fd })
     }
 
     pub(crate) fn has_channel(&self) -> bool {

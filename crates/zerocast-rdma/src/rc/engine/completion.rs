@@ -99,14 +99,13 @@ fn on_write_imm(io: &Io, driver: &Driver, wc: &ibv_wc, mut buf: Buf) -> Result<(
 /// any other frame comes whole, its header first.
 fn on_receive(io: &Io, driver: &Driver, wc: &ibv_wc, mut buf: Buf) -> Result<(), ConnError> {
     let byte_len = wc.byte_len as usize;
+    buf.try_set_len(byte_len).map_err(ConnError::transport)?;
     if wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
         // SAFETY: `IBV_WC_WITH_IMM` is set, so the union holds the immediate.
         let imm = u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data });
         let (credits, seq_low) = short_header(imm);
-        buf.try_set_len(byte_len).map_err(ConnError::transport)?;
         return rendezvous::arrive(io, driver, Arrival::Short(credits, seq_low, buf));
     }
-    buf.try_set_len(byte_len).map_err(ConnError::transport)?;
     let header = Header::decode(&buf[..byte_len.min(HEADER_LEN)], driver.max_payload())?;
     if byte_len < HEADER_LEN || header.len != (byte_len - HEADER_LEN) as u64 {
         let msg = format!("{byte_len} bytes received for a frame of {} payload bytes", header.len);

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use zerocast_core::{ConnError, FrameKind, Header, HEARTBEAT_MISSES};
 use zerocast_mem::{Buf, Pool};
 
+use crate::handoff;
 use crate::shared::{Delivery, Outgoing, Shared, State};
 
 /// One frame for the writer: a stamped header and, for data, its payload.
@@ -310,12 +311,14 @@ impl Driver {
                 if st.receiver_gone {
                     drop(buf);
                     let _ = st.credits.release();
-                } else if self.shared.delivered.push(Delivery::Msg(buf, imm)).is_err() {
-                    // Credits make this impossible; a full queue means the
-                    // peer overran its window.
-                    drop(st);
-                    let window = self.shared.lock().credits.window();
-                    return Err(self.fail(zerocast_core::CreditError::Overrun { window }.into()));
+                } else if let Err(d) = handoff::offer(&self.shared, Delivery::Msg(buf, imm)) {
+                    if self.shared.delivered.push(d).is_err() {
+                        // Credits make this impossible; a full queue means
+                        // the peer overran its window.
+                        drop(st);
+                        let window = self.shared.lock().credits.window();
+                        return Err(self.fail(zerocast_core::CreditError::Overrun { window }.into()));
+                    }
                 }
             }
             FrameKind::Credit => {}

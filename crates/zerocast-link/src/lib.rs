@@ -27,6 +27,7 @@
 
 mod conn;
 mod driver;
+mod handoff;
 mod link;
 mod queue;
 mod recv;

@@ -8,6 +8,7 @@ use zerocast_core::credit::CreditStats;
 use zerocast_core::{ConnError, Endpoint, RecvError, SendError};
 use zerocast_mem::{Buf, Pool, PoolError, Wait};
 
+use crate::handoff::Handoff;
 use crate::queue::PushError;
 use crate::recv::RecvBuf;
 use crate::shared::{Delivery, Outgoing, Shared, State};
@@ -258,19 +259,20 @@ impl Link {
             // may take over the reading.
             let slice = Instant::now() + Duration::from_millis(100);
             let until = deadline.map_or(slice, |d| d.min(slice));
-            let pumped = match self.reader.pump_as(Some(until), false) {
-                Some(p) => p,
+            let pumped = match self.pump_handing_over(Some(until)) {
+                Err(d) => return Some(self.deliver(d)),
+                Ok(Some(p)) => p,
                 // The backend's reader thread has the source for a moment;
                 // it steps aside now that this thread is reading.
                 // (Or had it: the lock came free as the flag went down.)
-                None if self.shared.bg_pumping.load(Ordering::SeqCst) || busy < 3 => {
+                Ok(None) if self.shared.bg_pumping.load(Ordering::SeqCst) || busy < 3 => {
                     busy += 1;
                     std::thread::yield_now();
                     continue;
                 }
                 // Another application thread is reading: its deliveries
                 // come through the queue.
-                None => return None,
+                Ok(None) => return None,
             };
             match pumped {
                 Pumped::Frames => {}
@@ -294,17 +296,37 @@ impl Link {
     /// (see [`crate::Source`]): a loop of `try_recv` busy-polls the socket
     /// or CQ on the calling thread.
     pub fn try_recv(&self) -> Result<RecvBuf, RecvError> {
-        if let Some(d) = self.shared.delivered.try_pop() {
-            return self.deliver(d);
-        }
-        if self.shared.source.0.get().is_some() && self.reader.pump_as(None, false).is_some() {
+        if !self.shared.delivered.is_empty() {
             if let Some(d) = self.shared.delivered.try_pop() {
                 return self.deliver(d);
+            }
+        }
+        if self.shared.source.0.get().is_some() {
+            match self.pump_handing_over(None) {
+                Err(d) => return self.deliver(d),
+                Ok(Some(Pumped::Frames | Pumped::Done)) => {
+                    if let Some(d) = self.shared.delivered.try_pop() {
+                        return self.deliver(d);
+                    }
+                }
+                Ok(Some(Pumped::Idle) | None) => {}
             }
         }
         // A polling receiver waits too, in its way.
         self.shared.fold_pending();
         Err(RecvError::Empty)
+    }
+
+    /// Pump the source on this thread ([`Driver::pump_as`]), with a
+    /// [`Handoff`] open: `Err` holds the message the pump handed over,
+    /// `Ok` what the pump did (`None`: another thread holds the source).
+    fn pump_handing_over(&self, until: Option<Instant>) -> Result<Option<Pumped>, Delivery> {
+        let handoff = Handoff::open(&self.shared);
+        let pumped = self.reader.pump_as(until, false);
+        match handoff.take() {
+            Some(d) => Err(d),
+            None => Ok(pumped),
+        }
     }
 
     fn deliver(&self, d: Delivery) -> Result<RecvBuf, RecvError> {

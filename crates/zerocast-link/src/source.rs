@@ -64,7 +64,11 @@ impl Driver {
         if background {
             self.shared.bg_pumping.store(true, Ordering::SeqCst);
         } else {
-            self.shared.app_pumps.fetch_add(1, Ordering::Relaxed);
+            // A count for `StepAside` to sample: a plain load and store, as
+            // an increment lost to a race between two application threads
+            // changes nothing there, and an atomic add costs more.
+            let n = self.shared.app_pumps.load(Ordering::Relaxed);
+            self.shared.app_pumps.store(n.wrapping_add(1), Ordering::Relaxed);
         }
         let r = match src.try_lock() {
             Ok(mut s) => Some(s.pump(self, until)),

@@ -14,7 +14,8 @@
 //! behind it. Only the thread that holds the source hands frames over, so
 //! nothing is pushed in between but `End`, which may overtake nothing: a
 //! message in the handoff arrived before it. A handoff dropped with its
-//! message still in it (the pump panicked) queues the message.
+//! message still in it (the pump panicked) queues the message, so it is
+//! not lost, though it may then come after frames the pump queued.
 
 use std::cell::{Cell, RefCell};
 

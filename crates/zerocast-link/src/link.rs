@@ -45,6 +45,15 @@ pub struct LinkStats {
     pub direct_sends: u64,
 }
 
+/// What a receiving thread's own pump of the source gave it.
+enum OwnPump {
+    /// The message the pump handed over ([`Handoff`]).
+    HandedOver(Delivery),
+    /// What the pump did, with nothing handed over (`None`: another thread
+    /// holds the source).
+    Pumped(Option<Pumped>),
+}
+
 impl Link {
     pub(crate) fn new(reader: Driver) -> Self {
         Self { shared: reader.shared.clone(), reader }
@@ -260,19 +269,19 @@ impl Link {
             let slice = Instant::now() + Duration::from_millis(100);
             let until = deadline.map_or(slice, |d| d.min(slice));
             let pumped = match self.pump_handing_over(Some(until)) {
-                Err(d) => return Some(self.deliver(d)),
-                Ok(Some(p)) => p,
+                OwnPump::HandedOver(d) => return Some(self.deliver(d)),
+                OwnPump::Pumped(Some(p)) => p,
                 // The backend's reader thread has the source for a moment;
                 // it steps aside now that this thread is reading.
                 // (Or had it: the lock came free as the flag went down.)
-                Ok(None) if self.shared.bg_pumping.load(Ordering::SeqCst) || busy < 3 => {
+                OwnPump::Pumped(None) if self.shared.bg_pumping.load(Ordering::SeqCst) || busy < 3 => {
                     busy += 1;
                     std::thread::yield_now();
                     continue;
                 }
                 // Another application thread is reading: its deliveries
                 // come through the queue.
-                Ok(None) => return None,
+                OwnPump::Pumped(None) => return None,
             };
             match pumped {
                 Pumped::Frames => {}
@@ -303,13 +312,13 @@ impl Link {
         }
         if self.shared.source.0.get().is_some() {
             match self.pump_handing_over(None) {
-                Err(d) => return self.deliver(d),
-                Ok(Some(Pumped::Frames | Pumped::Done)) => {
+                OwnPump::HandedOver(d) => return self.deliver(d),
+                OwnPump::Pumped(Some(Pumped::Frames | Pumped::Done)) => {
                     if let Some(d) = self.shared.delivered.try_pop() {
                         return self.deliver(d);
                     }
                 }
-                Ok(Some(Pumped::Idle) | None) => {}
+                OwnPump::Pumped(Some(Pumped::Idle) | None) => {}
             }
         }
         // A polling receiver waits too, in its way.
@@ -317,15 +326,14 @@ impl Link {
         Err(RecvError::Empty)
     }
 
-    /// Pump the source on this thread ([`Driver::pump_as`]), with a
-    /// [`Handoff`] open: `Err` holds the message the pump handed over,
-    /// `Ok` what the pump did (`None`: another thread holds the source).
-    fn pump_handing_over(&self, until: Option<Instant>) -> Result<Option<Pumped>, Delivery> {
+    /// Pump the source on this thread ([`Driver::pump_as`]) with a
+    /// [`Handoff`] open.
+    fn pump_handing_over(&self, until: Option<Instant>) -> OwnPump {
         let handoff = Handoff::open(&self.shared);
         let pumped = self.reader.pump_as(until, false);
         match handoff.take() {
-            Some(d) => Err(d),
-            None => Ok(pumped),
+            Some(d) => OwnPump::HandedOver(d),
+            None => OwnPump::Pumped(pumped),
         }
     }
 

@@ -85,13 +85,20 @@ pub(super) fn on_completion(io: &Io, driver: &Driver, wc: &ibv_wc) {
 /// are in our memory; the application gets an empty message carrying the
 /// immediate, in order.
 fn on_write_imm(io: &Io, driver: &Driver, wc: &ibv_wc, mut buf: Buf) -> Result<(), ConnError> {
-    if wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 == 0 {
+    let Some(imm) = immediate(wc) else {
         return Err(ConnError::transport(RcError::BadFrame("write with immediate without immediate".into())));
-    }
-    // SAFETY: `IBV_WC_WITH_IMM` is set, so the union holds the immediate.
-    let imm = u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data });
+    };
     buf.try_set_len(0).map_err(ConnError::transport)?;
     rendezvous::arrive(io, driver, Arrival::Immediate(imm, buf))
+}
+
+/// The immediate value a completion carries, if any.
+fn immediate(wc: &ibv_wc) -> Option<u32> {
+    if wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 == 0 {
+        return None;
+    }
+    // SAFETY: `IBV_WC_WITH_IMM` is set, so the union holds the immediate.
+    Some(u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data }))
 }
 
 /// A send landed in `buf`. A data frame comes with its header in the
@@ -100,9 +107,7 @@ fn on_write_imm(io: &Io, driver: &Driver, wc: &ibv_wc, mut buf: Buf) -> Result<(
 fn on_receive(io: &Io, driver: &Driver, wc: &ibv_wc, mut buf: Buf) -> Result<(), ConnError> {
     let byte_len = wc.byte_len as usize;
     buf.try_set_len(byte_len).map_err(ConnError::transport)?;
-    if wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
-        // SAFETY: `IBV_WC_WITH_IMM` is set, so the union holds the immediate.
-        let imm = u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data });
+    if let Some(imm) = immediate(wc) {
         let (credits, seq_low) = short_header(imm);
         return rendezvous::arrive(io, driver, Arrival::Short(credits, seq_low, buf));
     }

@@ -106,8 +106,8 @@ impl Descriptor {
 /// A received frame, in sequence order, on its way to the link.
 #[derive(Debug)]
 pub(crate) enum Arrival {
-    /// A frame to hand over as it is (data with its buffer, or credit/control).
-    Frame(Header, Option<Buf>),
+    /// A credit or control frame: only its header counts.
+    Frame(Header),
     /// A rendezvous request: read the payload first.
     Request(Header, Descriptor),
     /// An RDMA WRITE with this immediate value consumed this (empty) buffer.
@@ -248,7 +248,7 @@ pub(crate) fn arrive(io: &Io, driver: &Driver, a: Arrival) -> Result<(), ConnErr
 
 fn process(io: &Io, driver: &Driver, st: &mut Inbound, a: Arrival) -> Result<(), ConnError> {
     match a {
-        Arrival::Frame(h, buf) => driver.on_frame(h, buf),
+        Arrival::Frame(h) => driver.on_frame(h, None),
         Arrival::Immediate(imm, buf) => driver.on_immediate(imm, buf),
         Arrival::Short(credits, seq_low, buf) => driver.on_short(credits, seq_low, buf),
         Arrival::Request(h, d) => start_read(io, st, h, d).map_err(ConnError::transport),

@@ -146,7 +146,7 @@ fn on_receive(io: &Io, driver: &Driver, wc: &ibv_wc, mut buf: Buf) -> Result<(),
             // The buffer carried only the header: post it again at once
             // (the core counts the credit as owed already).
             repost_now(buf)?;
-            rendezvous::arrive(io, driver, Arrival::Frame(header, None))
+            rendezvous::arrive(io, driver, Arrival::Frame(header))
         }
     }
 }

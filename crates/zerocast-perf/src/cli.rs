@@ -93,6 +93,11 @@ struct Opts {
     /// Print the results as one JSON document instead of tables.
     #[arg(long)]
     json: bool,
+    /// Latency: print the spread of the samples (percentiles 5 to 95) on a
+    /// line under each row, as perftest's -H prints its samples. The JSON
+    /// document always carries it.
+    #[arg(short = 'H', long = "histogram")]
+    histogram: bool,
     /// Run server and client in this process, over 127.0.0.1.
     #[arg(long, conflicts_with = "host")]
     loopback: bool,
@@ -309,7 +314,13 @@ fn client(mode: Mode, opts: &Opts, host: &str, port: u16, plan: &[Vec<Spec>]) ->
                 format!("{} test over {} at {} B", mode.as_str(), data_or(&data, &spec.transport), spec.size)
             })?;
             if !opts.json {
-                progress.suspend(|| report::row(&mut out, &row).and_then(|()| out.flush()))?;
+                progress.suspend(|| {
+                    report::row(&mut out, &row)?;
+                    if opts.histogram {
+                        report::spread(&mut out, &row)?;
+                    }
+                    out.flush()
+                })?;
             }
             run.results.push(row);
         }

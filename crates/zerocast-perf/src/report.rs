@@ -5,7 +5,7 @@ use std::io::{self, Write};
 use serde::Serialize;
 
 use crate::spec::{Mode, Spec};
-use crate::stats::{BwRow, LatRow};
+use crate::stats::{BwRow, LatRow, SPREAD_PERCENTILES};
 
 const RULE: &str = "---------------------------------------------------------------------------------------";
 
@@ -101,6 +101,19 @@ pub(crate) fn row(out: &mut impl Write, row: &Row) -> io::Result<()> {
     }
 }
 
+/// The spread of a latency row, one line under it (`-H`): each percentile
+/// of [`SPREAD_PERCENTILES`] and its half round trip. The line starts
+/// with a word, so a parser that takes the row whose first field is the
+/// size still finds the row.
+pub(crate) fn spread(out: &mut impl Write, row: &Row) -> io::Result<()> {
+    let Row::Lat(r) = row else { return Ok(()) };
+    write!(out, " spread[usec]:")?;
+    for (p, t) in SPREAD_PERCENTILES.iter().zip(&r.spread_us) {
+        write!(out, "  p{p}={t:.2}")?;
+    }
+    writeln!(out)
+}
+
 /// The closing rule.
 pub(crate) fn footer(out: &mut impl Write) -> io::Result<()> {
     writeln!(out, "{RULE}")
@@ -122,9 +135,35 @@ mod tests {
             seconds: 0.3,
             lost: 0,
         };
-        row(&mut out, &Row::Bw(bw)).unwrap();
+        row(&mut out, &Row::Bw(bw.clone())).unwrap();
         let text = String::from_utf8(out).unwrap();
         let cols: Vec<&str> = text.split_whitespace().collect();
         assert_eq!(cols, ["65536", "5000", "9.50", "9.25", "0.017000"]);
+        let mut out = Vec::new();
+        spread(&mut out, &Row::Bw(bw)).unwrap();
+        assert!(out.is_empty(), "bandwidth rows have no spread");
+    }
+
+    #[test]
+    fn the_spread_line_names_each_percentile() {
+        let lat = LatRow {
+            bytes: 64,
+            iterations: 1000,
+            t_min_us: 1.0,
+            t_max_us: 9.0,
+            t_typical_us: 4.0,
+            t_avg_us: 4.5,
+            t_stdev_us: 1.0,
+            p99_us: 8.0,
+            p999_us: 8.5,
+            spread_us: vec![1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0],
+        };
+        let mut out = Vec::new();
+        spread(&mut out, &Row::Lat(lat)).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text,
+            " spread[usec]:  p5=1.50  p10=2.00  p25=3.00  p50=4.00  p75=5.00  p90=6.00  p95=7.00\n"
+        );
     }
 }

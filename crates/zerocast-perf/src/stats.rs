@@ -36,7 +36,14 @@ pub(crate) struct LatRow {
     pub(crate) t_stdev_us: f64,
     pub(crate) p99_us: f64,
     pub(crate) p999_us: f64,
+    /// The spread of the samples: the half round trip at each of
+    /// [`SPREAD_PERCENTILES`], in order.
+    pub(crate) spread_us: Vec<f64>,
 }
+
+/// The percentiles of [`LatRow::spread_us`]: enough to tell a tight
+/// distribution from one with a slow share, which the median alone hides.
+pub(crate) const SPREAD_PERCENTILES: [f64; 7] = [5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0];
 
 /// Sender-side marks of a bandwidth run, one every `slice` messages once
 /// the first `window` messages were sent. A slice spans at least four
@@ -143,6 +150,10 @@ impl LatSamples {
             t_stdev_us: var.sqrt() / 1e3,
             p99_us: us(self.hist.value_at_quantile(0.99)),
             p999_us: us(self.hist.value_at_quantile(0.999)),
+            spread_us: SPREAD_PERCENTILES
+                .iter()
+                .map(|p| us(self.hist.value_at_quantile(p / 100.0)))
+                .collect(),
         }
     }
 }
@@ -166,6 +177,24 @@ mod tests {
         assert!((r.t_stdev_us - 288.67).abs() < 0.1, "{r:?}");
         assert!((r.p99_us - 990.0).abs() < 1.0, "{r:?}");
         assert!(r.t_typical_us <= r.p99_us && r.p99_us <= r.p999_us && r.p999_us <= r.t_max_us);
+        let expect = SPREAD_PERCENTILES.map(|p| p * 10.0);
+        for (got, want) in r.spread_us.iter().zip(expect) {
+            assert!((got - want).abs() < 1.0, "{:?} against {expect:?}", r.spread_us);
+        }
+        assert_eq!(r.spread_us[3], r.t_typical_us, "the middle one is the median");
+    }
+
+    #[test]
+    fn the_spread_shows_a_slow_share_the_median_hides() {
+        // 70% of round trips at 14 µs (half), 30% at 30 µs.
+        let mut s = LatSamples::new();
+        for i in 0..1000 {
+            s.record(Duration::from_micros(if i % 10 < 7 { 28 } else { 60 }));
+        }
+        let r = s.row(64);
+        assert!((r.t_typical_us - 14.0).abs() < 0.05, "{r:?}");
+        assert!((r.spread_us[4] - 30.0).abs() < 0.05, "p75 in the slow share: {r:?}");
+        assert!((r.spread_us[2] - 14.0).abs() < 0.05, "p25 in the fast one: {r:?}");
     }
 
     #[test]

@@ -104,6 +104,39 @@ fn rate_json_over_tcp_and_mem_busy_polling() {
 }
 
 #[test]
+fn lat_spread_under_each_row_with_h_and_always_in_json() {
+    let out = ok(&["lat", "--loopback", "-s", "64", "-n", "400", "-H", "--transport", "tcp,mem"]);
+    let spreads: Vec<&str> = out.lines().filter(|l| l.trim_start().starts_with("spread[usec]:")).collect();
+    assert_eq!(spreads.len(), 2, "one per transport: {out}");
+    for (table, line) in out.split("Send Latency Test").skip(1).zip(&spreads) {
+        let typical = {
+            let lines = table.lines().skip_while(|l| !l.trim_start().starts_with("#bytes")).nth(1).unwrap();
+            lines.split_whitespace().nth(4).unwrap().parse::<f64>().unwrap()
+        };
+        let at: Vec<(String, f64)> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|kv| {
+                let (k, v) = kv.split_once('=').unwrap_or_else(|| panic!("`{kv}` in `{line}`"));
+                (k.to_owned(), v.parse().unwrap())
+            })
+            .collect();
+        let names: Vec<&str> = at.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["p5", "p10", "p25", "p50", "p75", "p90", "p95"], "{line}");
+        assert!(at.windows(2).all(|w| w[0].1 <= w[1].1), "in order: {line}");
+        assert_eq!(at[3].1, typical, "p50 is t_typical: {line} / {table}");
+    }
+    // Without -H the table has no such line; JSON always has the spread.
+    assert!(!ok(&["lat", "--loopback", "-s", "64", "-n", "200"]).contains("spread"));
+    let doc: Value =
+        serde_json::from_str(&ok(&["lat", "--loopback", "-s", "64", "-n", "200", "--json"])).unwrap();
+    let r = &doc["runs"][0]["results"][0];
+    let spread: Vec<f64> = r["spread_us"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    assert_eq!(spread.len(), 7, "{r}");
+    assert_eq!(spread[3], r["t_typical_us"].as_f64().unwrap(), "{r}");
+}
+
+#[test]
 fn typed_bw_and_lat() {
     let out = ok(&["bw", "--loopback", "--typed", "-s", "1K", "-n", "2000", "--json"]);
     let doc: Value = serde_json::from_str(&out).unwrap();

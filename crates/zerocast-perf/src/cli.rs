@@ -9,6 +9,7 @@ use anyhow::{bail, Context as _};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
 use crate::client::{in_process_only, Session};
+use crate::clock::ClockKind;
 use crate::progress::Progress;
 use crate::report::{self, Doc, Run};
 use crate::server;
@@ -93,6 +94,13 @@ struct Opts {
     /// Print the results as one JSON document instead of tables.
     #[arg(long)]
     json: bool,
+    /// Latency: what times the samples. cycles: the CPU's cycle counter
+    /// (x86 TSC, Arm's virtual counter), calibrated against the monotonic
+    /// clock over each test, as perftest times ib_send_lat; a read costs a
+    /// few ns where the OS clock can cost microseconds (a TCG guest's
+    /// HPET). monotonic: the OS clock. CPUs without a counter use it.
+    #[arg(long, value_enum, default_value_t = ClockKind::Cycles)]
+    clock: ClockKind,
     /// Latency: print the spread of the samples (percentiles 5 to 95) on a
     /// line under each row, as perftest's -H prints its samples. The JSON
     /// document always carries it.
@@ -285,7 +293,7 @@ fn plan(mode: Mode, opts: &Opts) -> anyhow::Result<Vec<Vec<Spec>>> {
 }
 
 fn client(mode: Mode, opts: &Opts, host: &str, port: u16, plan: &[Vec<Spec>]) -> anyhow::Result<()> {
-    let session = Session::connect(host, port)?;
+    let session = Session::connect(host, port, opts.clock)?;
     let total = plan.iter().map(Vec::len).sum();
     let progress = Progress::new(total, !opts.quiet);
     let mut runs = Vec::new();
@@ -300,11 +308,12 @@ fn client(mode: Mode, opts: &Opts, host: &str, port: u16, plan: &[Vec<Spec>]) ->
             typed: opts.typed,
             poll: opts.poll.as_str(),
             inflight,
+            clock: (mode == Mode::Lat).then(|| opts.clock.as_str()),
             results: Vec::new(),
         };
         if !opts.json {
             let shown = Spec { window: inflight, ..first.clone() };
-            progress.suspend(|| report::header(&mut out, mode, &shown))?;
+            progress.suspend(|| report::header(&mut out, mode, &shown, opts.clock))?;
         }
         for spec in specs {
             progress.test_start(index, format!("{} {} B", spec.transport, spec.size));

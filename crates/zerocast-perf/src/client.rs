@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context as _};
 use zerocast::{Receiver, Scheme, Sender, Zerocast};
 
+use crate::clock::{ClockKind, SampleClock};
 use crate::data::{context_for, DataPath};
 use crate::progress::Progress;
 use crate::report::Row;
@@ -21,17 +22,19 @@ pub(crate) struct Session {
     tx: Sender<Ctl>,
     rx: Receiver<Ctl>,
     host: String,
+    /// What latency samples are timed with.
+    clock: ClockKind,
 }
 
 impl Session {
-    pub(crate) fn connect(host: &str, port: u16) -> anyhow::Result<Self> {
+    pub(crate) fn connect(host: &str, port: u16, clock: ClockKind) -> anyhow::Result<Self> {
         let h = if host.contains(':') { format!("[{host}]") } else { host.to_owned() };
         let uri = format!("tcp://{h}:{port}");
         let conn = Zerocast::new().connect(&uri).with_context(|| {
             format!("cannot reach a zerocast-perf server at {uri} (is one running there?)")
         })?;
         let (tx, rx) = conn.split();
-        Ok(Self { tx, rx, host: host.to_owned() })
+        Ok(Self { tx, rx, host: host.to_owned(), clock })
     }
 
     /// Run one test; `data` receives where the data endpoint is, once known.
@@ -125,19 +128,20 @@ impl Session {
         let mut samples = LatSamples::new();
         let start = Instant::now();
         // One clock read per round trip, each sample the time between two
-        // consecutive reads, as perftest does: on machines whose clock is a
-        // system call (a TCG guest's HPET), a second read would be counted
-        // as latency. The read comes after the next message is sent, while
-        // its reply is on the way, and each reply is held until that send
-        // (see `DataPath::recv_then`): neither the clock nor giving the
-        // buffer back is on the round trip, nor is taking the next
-        // message's buffer from the pool (`DataPath::prepare`).
+        // consecutive reads, as perftest does; the clock is the cycle
+        // counter unless asked otherwise (see `clock`). The read comes
+        // after the next message is sent, while its reply is on the way,
+        // and each reply is held until that send (see
+        // `DataPath::recv_then`): neither giving the buffer back nor
+        // taking the next message's buffer from the pool
+        // (`DataPath::prepare`) is on the round trip.
+        let mut clock = SampleClock::start(self.clock);
         let mut i = 0u64;
         let mut more = !until.done(0, start);
         if more {
             dp.send(warmup).with_context(|| format!("sending message {warmup}"))?;
         }
-        let mut t0 = Instant::now();
+        let mut t0 = clock.now();
         while more {
             // The next request's buffer, taken while this reply travels.
             dp.prepare()?;
@@ -150,20 +154,22 @@ impl Session {
                 true => dp.send(seq + 1).with_context(|| format!("sending message {}", seq + 1)),
                 false => Ok(()),
             })?;
-            let t1 = Instant::now();
-            samples.record(t1 - t0);
+            let t1 = clock.now();
+            samples.record(clock.between(t0, t1));
             t0 = t1;
             i += 1;
             if i % 256 == 0 {
                 progress.test_at(until.fraction(i, start));
             }
         }
+        let cal = clock.finish();
         dp.close();
         let report = self.report()?;
         if report.msgs != warmup + i {
             bail!("the server echoed {} of {} messages", report.msgs, warmup + i);
         }
-        Ok(Row::Lat(samples.row(spec.size)))
+        cal.check().map_err(|why| anyhow!("{why}: time the samples with --clock monotonic"))?;
+        Ok(Row::Lat(samples.row(spec.size, cal.ns_per_tick)))
     }
 
     fn datagrams(&self, spec: &Spec, host: &str, port: u16, progress: &Progress) -> anyhow::Result<Row> {

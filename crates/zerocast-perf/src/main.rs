@@ -13,6 +13,7 @@
 
 mod cli;
 mod client;
+mod clock;
 mod data;
 mod plot;
 mod progress;

@@ -120,6 +120,7 @@ mod tests {
             typed: false,
             poll: "event",
             inflight: 64,
+            clock: None,
             results: (1..=10)
                 .map(|i| {
                     Row::Bw(BwRow {

@@ -4,6 +4,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
+use crate::clock::ClockKind;
 use crate::spec::{Mode, Spec};
 use crate::stats::{BwRow, LatRow, SPREAD_PERCENTILES};
 
@@ -26,6 +27,9 @@ pub(crate) struct Run {
     pub(crate) poll: &'static str,
     /// The requested window; each row may have used less (bytes in flight are capped).
     pub(crate) inflight: u32,
+    /// Latency runs: what timed the samples (`cycles` or `monotonic`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) clock: Option<&'static str>,
     pub(crate) results: Vec<Row>,
 }
 
@@ -44,7 +48,7 @@ impl Doc<'_> {
 }
 
 /// The table's header: a description of the test, then the column names.
-pub(crate) fn header(out: &mut impl Write, mode: Mode, spec: &Spec) -> io::Result<()> {
+pub(crate) fn header(out: &mut impl Write, mode: Mode, spec: &Spec, clock: ClockKind) -> io::Result<()> {
     let what = match mode {
         Mode::Bw => "Send BW",
         Mode::Lat => "Send Latency",
@@ -59,6 +63,13 @@ pub(crate) fn header(out: &mut impl Write, mode: Mode, spec: &Spec) -> io::Resul
     match spec.duration_ms {
         Some(ms) => writeln!(out, " Duration        : {:.1} s", ms as f64 / 1e3)?,
         None => writeln!(out, " Iterations      : {}", spec.iters)?,
+    }
+    if mode == Mode::Lat {
+        let how = match clock.as_str() {
+            "cycles" => "the CPU's cycle counter",
+            _ => "the monotonic clock",
+        };
+        writeln!(out, " Clock           : {how}")?;
     }
     writeln!(out, "{RULE}")?;
     match mode {

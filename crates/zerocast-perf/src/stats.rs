@@ -108,7 +108,9 @@ pub(crate) fn bw_row(size: usize, sent: u64, delivered: u64, elapsed: Duration, 
     }
 }
 
-/// Round-trip samples of a latency run.
+/// Round-trip samples of a latency run, in ticks of the run's clock
+/// (see [`crate::clock`]); [`LatSamples::row`] turns them into half round
+/// trips in microseconds.
 #[derive(Debug)]
 pub(crate) struct LatSamples {
     hist: Histogram<u64>,
@@ -119,41 +121,41 @@ pub(crate) struct LatSamples {
 
 impl LatSamples {
     pub(crate) fn new() -> Self {
-        // Nanoseconds, 1 ns .. 100 s, 3 significant figures.
-        let hist = Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid histogram bounds");
+        // 1 tick .. 10^13 ticks (over an hour at 3 GHz), 3 significant figures.
+        let hist = Histogram::new_with_bounds(1, 10_000_000_000_000, 3).expect("valid histogram bounds");
         Self { hist, n: 0, sum: 0.0, sum_sq: 0.0 }
     }
 
-    /// Record one round trip.
+    /// Record one round trip of `ticks`.
     #[inline]
-    pub(crate) fn record(&mut self, rtt: Duration) {
-        let half = (rtt.as_nanos() / 2).clamp(1, 100_000_000_000) as u64;
-        self.hist.saturating_record(half);
-        let x = half as f64;
+    pub(crate) fn record(&mut self, ticks: u64) {
+        let t = ticks.clamp(1, 10_000_000_000_000);
+        self.hist.saturating_record(t);
+        let x = t as f64;
         self.n += 1;
         self.sum += x;
         self.sum_sq += x * x;
     }
 
-    pub(crate) fn row(&self, size: usize) -> LatRow {
-        let us = |ns: u64| ns as f64 / 1e3;
+    /// The row, with each tick `ns_per_tick` nanoseconds long.
+    pub(crate) fn row(&self, size: usize, ns_per_tick: f64) -> LatRow {
+        // Half a round trip, in microseconds.
+        let us = |ticks: f64| ticks * ns_per_tick / 2e3;
+        let at = |q: f64| us(self.hist.value_at_quantile(q) as f64);
         let n = self.n.max(1) as f64;
         let mean = self.sum / n;
         let var = (self.sum_sq / n - mean * mean).max(0.0);
         LatRow {
             bytes: size,
             iterations: self.n,
-            t_min_us: us(self.hist.min()),
-            t_max_us: us(self.hist.max()),
-            t_typical_us: us(self.hist.value_at_quantile(0.5)),
-            t_avg_us: mean / 1e3,
-            t_stdev_us: var.sqrt() / 1e3,
-            p99_us: us(self.hist.value_at_quantile(0.99)),
-            p999_us: us(self.hist.value_at_quantile(0.999)),
-            spread_us: SPREAD_PERCENTILES
-                .iter()
-                .map(|p| us(self.hist.value_at_quantile(p / 100.0)))
-                .collect(),
+            t_min_us: us(self.hist.min() as f64),
+            t_max_us: us(self.hist.max() as f64),
+            t_typical_us: at(0.5),
+            t_avg_us: us(mean),
+            t_stdev_us: us(var.sqrt()),
+            p99_us: at(0.99),
+            p999_us: at(0.999),
+            spread_us: SPREAD_PERCENTILES.iter().map(|p| at(p / 100.0)).collect(),
         }
     }
 }
@@ -166,9 +168,9 @@ mod tests {
     fn latency_figures_are_half_round_trips_in_order() {
         let mut s = LatSamples::new();
         for us in 1..=1000u64 {
-            s.record(Duration::from_micros(2 * us));
+            s.record(2_000 * us);
         }
-        let r = s.row(64);
+        let r = s.row(64, 1.0);
         assert_eq!(r.iterations, 1000);
         assert!((r.t_min_us - 1.0).abs() < 0.01, "{r:?}");
         assert!((r.t_max_us - 1000.0).abs() < 1.0, "{r:?}");
@@ -189,12 +191,27 @@ mod tests {
         // 70% of round trips at 14 µs (half), 30% at 30 µs.
         let mut s = LatSamples::new();
         for i in 0..1000 {
-            s.record(Duration::from_micros(if i % 10 < 7 { 28 } else { 60 }));
+            s.record(if i % 10 < 7 { 28_000 } else { 60_000 });
         }
-        let r = s.row(64);
+        let r = s.row(64, 1.0);
         assert!((r.t_typical_us - 14.0).abs() < 0.05, "{r:?}");
         assert!((r.spread_us[4] - 30.0).abs() < 0.05, "p75 in the slow share: {r:?}");
         assert!((r.spread_us[2] - 14.0).abs() < 0.05, "p25 in the fast one: {r:?}");
+    }
+
+    #[test]
+    fn ticks_become_microseconds_at_the_calibrated_rate() {
+        // A 2.5 GHz counter: 0.4 ns per tick; round trips of 70,000 ticks
+        // are 28 µs, half of it 14 µs.
+        let mut s = LatSamples::new();
+        for _ in 0..100 {
+            s.record(70_000);
+        }
+        let r = s.row(64, 0.4);
+        for v in [r.t_min_us, r.t_typical_us, r.t_avg_us, r.p99_us, r.t_max_us] {
+            assert!((v - 14.0).abs() < 0.02, "{r:?}");
+        }
+        assert!(r.t_stdev_us.abs() < 1e-9, "{r:?}");
     }
 
     #[test]

@@ -137,6 +137,31 @@ fn lat_spread_under_each_row_with_h_and_always_in_json() {
 }
 
 #[test]
+fn lat_samples_are_timed_by_the_cycle_counter_unless_asked_otherwise() {
+    let counter = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
+    let default = if counter { "cycles" } else { "monotonic" };
+    for (args, clock) in [(&[][..], default), (&["--clock", "monotonic"][..], "monotonic")] {
+        let mut all = vec!["lat", "--loopback", "-s", "64", "-n", "300", "--json"];
+        all.extend_from_slice(args);
+        let doc: Value = serde_json::from_str(&ok(&all)).unwrap();
+        let run = &doc["runs"][0];
+        assert_eq!(run["clock"], clock, "{run}");
+        let r = &run["results"][0];
+        let (min, typical, max) = (
+            r["t_min_us"].as_f64().unwrap(),
+            r["t_typical_us"].as_f64().unwrap(),
+            r["t_max_us"].as_f64().unwrap(),
+        );
+        // A loopback round trip over TCP: microseconds, not nanoseconds or seconds.
+        assert!(0.1 < min && min <= typical && typical <= max && typical < 100_000.0, "{clock}: {r}");
+    }
+    let table = ok(&["lat", "--loopback", "-s", "64", "-n", "100", "--clock", "monotonic"]);
+    assert!(table.contains("Clock           : the monotonic clock"), "{table}");
+    let doc: Value = serde_json::from_str(&ok(&["bw", "--loopback", "-n", "100", "--json"])).unwrap();
+    assert!(doc["runs"][0].get("clock").is_none(), "bandwidth is timed by the run, not per sample");
+}
+
+#[test]
 fn typed_bw_and_lat() {
     let out = ok(&["bw", "--loopback", "--typed", "-s", "1K", "-n", "2000", "--json"]);
     let doc: Value = serde_json::from_str(&out).unwrap();
@@ -271,6 +296,7 @@ fn bad_arguments_are_clear_errors() {
     fails(&["--loopback", "--transport", "bogus"], 2, "unknown transport scheme `bogus`");
     fails(&["--loopback", "--transport", "tcp://h:1?window=8"], 2, "--inflight");
     fails(&["--loopback", "--poll", "sometimes"], 2, "invalid value 'sometimes'");
+    fails(&["lat", "--loopback", "--clock", "sundial"], 2, "invalid value 'sundial'");
     fails(&["--loopback", "-n", "5", "-D", "1"], 2, "cannot be used with");
     fails(&["--loopback", "-a", "-s", "64"], 2, "cannot be used with");
     fails(&["--loopback", "--inflight", "2"], 2, "--inflight");

@@ -32,6 +32,14 @@ impl ClockKind {
         }
     }
 
+    /// What this build would use, in words, for the table's header.
+    pub(crate) fn describe(self) -> &'static str {
+        match self.effective() {
+            ClockKind::Cycles => "the CPU's cycle counter",
+            ClockKind::Monotonic => "the monotonic clock",
+        }
+    }
+
     fn effective(self) -> Self {
         if HAS_COUNTER {
             self

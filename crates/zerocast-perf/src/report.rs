@@ -65,11 +65,7 @@ pub(crate) fn header(out: &mut impl Write, mode: Mode, spec: &Spec, clock: Clock
         None => writeln!(out, " Iterations      : {}", spec.iters)?,
     }
     if mode == Mode::Lat {
-        let how = match clock.as_str() {
-            "cycles" => "the CPU's cycle counter",
-            _ => "the monotonic clock",
-        };
-        writeln!(out, " Clock           : {how}")?;
+        writeln!(out, " Clock           : {}", clock.describe())?;
     }
     writeln!(out, "{RULE}")?;
     match mode {

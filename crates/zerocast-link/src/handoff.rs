@@ -47,7 +47,11 @@ impl<'a> Handoff<'a> {
     /// The message the pump handed over, if any.
     pub(crate) fn take(self) -> Option<Delivery> {
         WANT.set(0);
-        SLOT.take()
+        let d = SLOT.take();
+        // Closed and emptied: the drop would only do both again (it
+        // holds a reference, nothing to release).
+        std::mem::forget(self);
+        d
     }
 }
 

@@ -125,7 +125,8 @@ impl UdConfig {
     }
 
     /// Set the send depth: sends in flight at once. One in a quarter of
-    /// it (at most one in 32) is signalled.
+    /// it, rounded down to a power of two (at most one in 32), is
+    /// signalled.
     #[must_use]
     pub fn with_send_depth(mut self, n: u32) -> Self {
         self.send_depth = n;

@@ -25,8 +25,8 @@ use crate::send_ring::{Reserved, SendRing};
 
 /// Sends in flight: the ring (see [`SendRing`]) holds each payload the
 /// device still reads, and signals one send per quarter of the send depth
-/// (at most 32) plus the last of every batch that needs a completion (see
-/// [`post_batch`]).
+/// (rounded down to a power of two, at most 32) plus the last of every
+/// batch that needs a completion (see [`post_batch`]).
 #[derive(Debug)]
 pub(super) struct SendTable {
     pub(super) ring: SendRing<Buf>,
@@ -146,7 +146,8 @@ fn wait_send<'a>(io: &'a Io, mut t: MutexGuard<'a, SendTable>) -> MutexGuard<'a,
 /// Post `batch` as one chain, taking each payload into the send ring (or
 /// the rendezvous queue) until the device is done with it.
 ///
-/// Signalling: the ring signals one send per quarter of its depth. The
+/// Signalling: the ring signals one send per quarter of its depth (see
+/// [`SendRing::signal_every`]). The
 /// last of the batch is signalled too when something waits for its
 /// completion: a payload left in the ring (one not copied inline), or a
 /// frame that is not data (a goodbye, which the writer waits on before it

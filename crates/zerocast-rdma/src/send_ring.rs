@@ -129,13 +129,14 @@ impl<T> SendRing<T> {
     pub(crate) fn unreserve_from(&mut self, seq: u64) {
         debug_assert!(self.head <= seq && seq <= self.tail);
         let from = seq.max(self.head);
-        let mut i = self.slot(from);
+        let from_slot = self.slot(from);
+        let mut i = from_slot;
         for _ in from..self.tail {
             drop(self.slots[i].take());
             i = self.next(i);
         }
         self.tail = from;
-        self.tail_slot = self.slot(from);
+        self.tail_slot = from_slot;
     }
 
     /// Sends up to and including `seq` completed: their payloads go back to

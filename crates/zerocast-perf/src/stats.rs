@@ -119,17 +119,21 @@ pub(crate) struct LatSamples {
     sum_sq: f64,
 }
 
+/// The longest round trip a [`LatSamples`] tells apart, in ticks: over an
+/// hour at 3 GHz. Longer ones are counted as this.
+const MAX_TICKS: u64 = 10_000_000_000_000;
+
 impl LatSamples {
     pub(crate) fn new() -> Self {
-        // 1 tick .. 10^13 ticks (over an hour at 3 GHz), 3 significant figures.
-        let hist = Histogram::new_with_bounds(1, 10_000_000_000_000, 3).expect("valid histogram bounds");
+        // 3 significant figures.
+        let hist = Histogram::new_with_bounds(1, MAX_TICKS, 3).expect("valid histogram bounds");
         Self { hist, n: 0, sum: 0.0, sum_sq: 0.0 }
     }
 
     /// Record one round trip of `ticks`.
     #[inline]
     pub(crate) fn record(&mut self, ticks: u64) {
-        let t = ticks.clamp(1, 10_000_000_000_000);
+        let t = ticks.clamp(1, MAX_TICKS);
         self.hist.saturating_record(t);
         let x = t as f64;
         self.n += 1;

@@ -274,6 +274,8 @@ impl Driver {
         self.on_frame_inner(Arrived::Next { credits, seq_low: Some(seq_low) }, Some(buf), None)
     }
 
+    /// Inlined into each entry point: the receive path of every message.
+    #[inline(always)]
     fn on_frame_inner(
         &self,
         arrived: Arrived,

@@ -110,6 +110,7 @@ impl Link {
     }
 
     /// `wait`: `None` for try_send, `Some(deadline)` to block.
+    #[inline]
     fn send_inner(&self, buf: Buf, wait: Option<Option<Instant>>, tag: u32) -> Result<(), SendError<Buf>> {
         if buf.len() > self.shared.max_message {
             let max = self.shared.max_message as u64;
@@ -327,7 +328,10 @@ impl Link {
     }
 
     /// Pump the source on this thread ([`Driver::pump_as`]) with a
-    /// [`Handoff`] open.
+    /// [`Handoff`] open. Inlined, as the calls below it: a busy-polling
+    /// `try_recv` runs it on every spin, and under emulation (a TCG guest)
+    /// each call and return costs as much as a few dozen instructions.
+    #[inline(always)]
     fn pump_handing_over(&self, until: Option<Instant>) -> OwnPump {
         let handoff = Handoff::open(&self.shared);
         let pumped = self.reader.pump_as(until, false);
@@ -337,17 +341,21 @@ impl Link {
         }
     }
 
+    #[inline(always)]
     fn deliver(&self, d: Delivery) -> Result<RecvBuf, RecvError> {
         match d {
             Delivery::Msg(buf, imm) => Ok(RecvBuf::with_immediate(buf, self.shared.clone(), imm)),
-            Delivery::End => {
-                // Put it back for any other receiver, then report why.
-                let _ = self.shared.delivered.push(Delivery::End);
-                match &self.shared.lock().failed {
-                    Some(e) => Err(RecvError::Failed(e.clone())),
-                    None => Err(RecvError::Disconnected),
-                }
-            }
+            Delivery::End => Err(self.ended()),
+        }
+    }
+
+    /// `End` was taken: put it back for any other receiver, and say why.
+    #[cold]
+    fn ended(&self) -> RecvError {
+        let _ = self.shared.delivered.push(Delivery::End);
+        match &self.shared.lock().failed {
+            Some(e) => RecvError::Failed(e.clone()),
+            None => RecvError::Disconnected,
         }
     }
 

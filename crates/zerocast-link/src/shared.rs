@@ -244,6 +244,8 @@ impl Shared {
     }
 
     /// [`Shared::fold_releases`], taking the lock only if any is pending.
+    /// Inlined: an empty `try_recv` calls it on every spin.
+    #[inline(always)]
     pub(crate) fn fold_pending(&self) {
         if self.released.load(Ordering::Acquire) > 0 {
             self.fold_releases(&mut self.lock());

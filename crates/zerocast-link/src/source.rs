@@ -57,6 +57,8 @@ impl Driver {
 
     /// Pump the source; `background`: from the backend's reader thread,
     /// which an application thread that finds it pumping waits for.
+    /// Inlined into both callers (see [`crate::Link::try_recv`]).
+    #[inline(always)]
     pub(crate) fn pump_as(&self, until: Option<Instant>, background: bool) -> Option<Pumped> {
         let Some(src) = self.shared.source.0.get() else { return Some(Pumped::Done) };
         // Raised before the lock is tried, so an application thread that

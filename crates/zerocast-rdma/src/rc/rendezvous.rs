@@ -28,7 +28,7 @@
 //! that is a protocol error.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -134,6 +134,12 @@ pub(crate) struct Rendezvous {
     outbound: Mutex<VecDeque<Buf>>,
     outbound_cv: Condvar,
     inbound: Mutex<Inbound>,
+    /// Frames are held behind a rendezvous: `inbound` has a READ active or
+    /// frames held. Written and read only by the thread polling the CQ,
+    /// under the source's lock (as every arrival, READ start and READ
+    /// completion is), so it is exact there: an arrival that finds it
+    /// clear goes straight to the link without taking `inbound`'s lock.
+    holding: AtomicBool,
     /// The peer's receive-buffer size: larger payloads go by rendezvous.
     /// `usize::MAX` until the handshake is done.
     peer_eager: AtomicUsize,
@@ -156,6 +162,7 @@ impl Rendezvous {
                 held: VecDeque::with_capacity(held_capacity),
                 finishes: 0,
             }),
+            holding: AtomicBool::new(false),
             peer_eager: AtomicUsize::new(usize::MAX),
             finish,
         }
@@ -230,13 +237,33 @@ impl Rendezvous {
         let mut st = lock(&self.inbound);
         st.active = None;
         st.held.clear();
+        self.holding.store(false, Ordering::Relaxed);
         self.outbound_cv.notify_all();
     }
 }
 
 /// Hand a received frame on in sequence order: at once, or behind a
 /// rendezvous being read.
+///
+/// Nothing held (see `Rendezvous::holding`) is the usual case, on every
+/// message: the frame goes to the link with no lock taken, inlined into
+/// the completion's handling. A request, or a frame that may have to wait,
+/// takes the lock in [`arrive_in_order`].
+#[inline(always)]
 pub(crate) fn arrive(io: &Io, driver: &Driver, a: Arrival) -> Result<(), ConnError> {
+    if !io.rendezvous().holding.load(Ordering::Relaxed) {
+        match a {
+            Arrival::Short(credits, seq_low, buf) => return driver.on_short(credits, seq_low, buf),
+            Arrival::Frame(h) => return driver.on_frame(h, None),
+            Arrival::Immediate(imm, buf) => return driver.on_immediate(imm, buf),
+            Arrival::Request(..) => {}
+        }
+    }
+    arrive_in_order(io, driver, a)
+}
+
+#[inline(never)]
+fn arrive_in_order(io: &Io, driver: &Driver, a: Arrival) -> Result<(), ConnError> {
     let r = io.rendezvous();
     let mut st = lock(&r.inbound);
     if st.active.is_some() || !st.held.is_empty() {
@@ -279,6 +306,7 @@ fn start_read(io: &Io, st: &mut Inbound, header: Header, d: Descriptor) -> Resul
     unsafe { io.qp().post_send(std::slice::from_mut(&mut wr)) }
         .map_err(|(_, e)| RcError::verbs("ibv_post_send (rendezvous read)", e))?;
     st.active = Some((Header::new(FrameKind::Data, header.credits, header.seq, u64::from(d.len)), buf));
+    io.rendezvous().holding.store(true, Ordering::Relaxed);
     Ok(())
 }
 
@@ -305,6 +333,9 @@ pub(crate) fn on_read_done(io: &Io, driver: &Driver, status: u32, vendor_err: u3
         let Some(a) = st.held.pop_front() else { break };
         process(io, driver, &mut st, a)?;
     }
+    // Left set on the errors above: the connection has failed, and what
+    // arrives after it stays held, as before.
+    r.holding.store(st.active.is_some() || !st.held.is_empty(), Ordering::Relaxed);
     Ok(())
 }
 

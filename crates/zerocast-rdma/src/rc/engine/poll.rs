@@ -41,11 +41,16 @@ pub(super) struct RcSource {
     /// A completion event was requested and has not been taken yet.
     armed: bool,
     done: bool,
+    /// Receiving threads sleep on the completion channel after a spin
+    /// (not busy-polling, and the CQ has a channel). Fixed at creation.
+    event_mode: bool,
 }
 
 impl RcSource {
     pub(super) fn new(io: Arc<Io>) -> Self {
-        Self { io, wcs: std::array::from_fn(|_| MaybeUninit::uninit()), armed: false, done: false }
+        let event_mode = !io.busy_poll && io.cq.has_channel();
+        let wcs = std::array::from_fn(|_| MaybeUninit::uninit());
+        Self { io, wcs, armed: false, done: false, event_mode }
     }
 
     /// Poll one batch of completions and act on each; how many there were.
@@ -67,10 +72,6 @@ impl RcSource {
         n
     }
 
-    fn event_mode(&self) -> bool {
-        !self.io.busy_poll && self.io.cq.has_channel()
-    }
-
     /// In event mode, every pump returns with the CQ armed, so the poller
     /// thread, asleep on the channel with no timeout, wakes at the next
     /// completion. A pump that took the pending event (a receiving thread
@@ -78,10 +79,16 @@ impl RcSource {
     /// when it did, and the CQ must then be polled once more, for a
     /// completion that landed before the arming announces nothing. The
     /// next pump, finding the CQ armed, has nothing to arm itself.
+    /// Inlined, with the arming out of line: a busy-polling receive
+    /// checks it on every message.
+    #[inline]
     fn arm_again(&mut self) -> bool {
-        if !self.event_mode() || self.armed {
-            return false;
-        }
+        self.event_mode && !self.armed && self.arm()
+    }
+
+    /// Request a completion event; `true`.
+    #[inline(never)]
+    fn arm(&mut self) -> bool {
         if let Err(e) = self.io.cq.arm() {
             tracing::debug!(error = %e, "ibv_req_notify_cq failed");
         }
@@ -93,16 +100,17 @@ impl RcSource {
     /// event is pending, so a sleep on the channel ends at the next
     /// completion. `false`: poll again first (a completion may have landed
     /// before the arming, or an old event was taken).
+    /// Inlined, with the event mode's part out of line: a busy-polling
+    /// `try_recv` checks it on every empty spin.
+    #[inline]
     fn settled(&mut self) -> bool {
-        if !self.event_mode() {
-            return true;
-        }
+        !self.event_mode || self.settled_event()
+    }
+
+    #[inline(never)]
+    fn settled_event(&mut self) -> bool {
         if !self.armed {
-            if let Err(e) = self.io.cq.arm() {
-                tracing::debug!(error = %e, "ibv_req_notify_cq failed");
-            }
-            self.armed = true;
-            return false;
+            return !self.arm();
         }
         match self.io.cq.wait(0) {
             Ok(true) => {
@@ -170,7 +178,7 @@ impl Source for RcSource {
             }
             let start = *start.get_or_insert(now);
             spins = spins.wrapping_add(1);
-            if !self.event_mode() || now - start < SPIN {
+            if !self.event_mode || now - start < SPIN {
                 // Stay on the CPU, but let a thread on this core that would
                 // send (the peer, in the same process) go now and then.
                 if spins & 63 == 63 {

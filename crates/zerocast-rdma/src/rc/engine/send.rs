@@ -166,9 +166,10 @@ fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
     }
     let max_inline = io.qp.max_inline() as usize;
     for f in batch.iter() {
-        inline.push(is_inline(io, f, max_inline));
+        inline.push(is_inline(f, by_rendezvous(io, f), max_inline));
     }
-    let signal_last = batch.iter().zip(inline.iter()).any(|(f, &inl)| wants_signal(io, f, inl));
+    let signal_last =
+        batch.iter().zip(inline.iter()).any(|(f, &inl)| wants_signal(f, by_rendezvous(io, f), inl));
     // Take a slot per frame first, waiting while the send queue is full.
     {
         let mut t = lock(&io.send);
@@ -269,12 +270,13 @@ fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
     Ok(())
 }
 
-/// [`post_batch`] for one plain frame, the usual write of a sending thread
-/// on a quiet link: one work request, built on the stack while the ring is
-/// locked once, and signalled on the same terms.
+/// [`post_batch`] for one plain frame (not tagged, not by rendezvous), the
+/// usual write of a sending thread on a quiet link: one work request, built
+/// on the stack while the ring is locked once, and signalled on the same
+/// terms.
 fn post_one(io: &Io, frame: &mut Frame) -> Result<(), RcError> {
-    let inline = is_inline(io, frame, io.qp.max_inline() as usize);
-    let signal = wants_signal(io, frame, inline);
+    let inline = is_inline(frame, false, io.qp.max_inline() as usize);
+    let signal = wants_signal(frame, false, inline);
     let mut t = lock(&io.send);
     let r = loop {
         if let Some(r) = t.ring.reserve(signal) {
@@ -312,13 +314,15 @@ fn post_one(io: &Io, frame: &mut Frame) -> Result<(), RcError> {
 /// returns and its sequence number's low 16 bits in the immediate: no
 /// header bytes, so a message of a power-of-two size fills whole packets.
 /// Any other frame goes as a send of its header, written into the slot,
-/// and its payload (none, for credit frames and goodbyes).
+/// and its payload (none, for credit frames and goodbyes). Inlined into
+/// both posts: it is on the send path of every message.
+#[inline(always)]
 fn plain_wr(io: &Io, r: &Reserved, frame: &Frame, sges: &mut [ibv_sge; 2], inline: bool) -> ibv_send_wr {
     let payload = frame.payload.as_ref().filter(|b| !b.is_empty());
     let mut wr = base_wr(r, inline);
     if frame.header.kind == FrameKind::Data {
         if let Some(b) = payload {
-            sges[0] = payload_sge(b);
+            sges[0] = payload_sge(b, inline);
         }
         wr.num_sge = i32::from(payload.is_some());
         wr.opcode = ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
@@ -328,7 +332,7 @@ fn plain_wr(io: &Io, r: &Reserved, frame: &Frame, sges: &mut [ibv_sge; 2], inlin
         io.send_hdr.write(r.slot, &frame.header.encode());
         sges[0] = header_sge(io, r.slot);
         if let Some(b) = payload {
-            sges[1] = payload_sge(b);
+            sges[1] = payload_sge(b, inline);
         }
         wr.num_sge = if payload.is_some() { 2 } else { 1 };
         wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
@@ -351,29 +355,35 @@ fn header_sge(io: &Io, slot: usize) -> ibv_sge {
     ibv_sge { addr: io.send_hdr.addr(slot), length: HEADER_LEN as u32, lkey: io.send_hdr.lkey() }
 }
 
-/// The scatter entry of a payload sent from its pool buffer, whole.
-fn payload_sge(b: &Buf) -> ibv_sge {
-    ibv_sge { addr: b.addr(), length: b.len() as u32, lkey: b.keys().lkey }
+/// The scatter entry of a payload sent from its pool buffer, whole. An
+/// inline payload is copied by the post, which does not check its key
+/// (`ibv_post_send(3)`), so its buffer's registration is not looked up.
+fn payload_sge(b: &Buf, inline: bool) -> ibv_sge {
+    let lkey = if inline { 0 } else { b.keys().lkey };
+    ibv_sge { addr: b.addr(), length: b.len() as u32, lkey }
 }
 
 /// Whether `frame`, last in its post, must be signalled: its payload stays
 /// in the ring until the device has read it (not inline, not a rendezvous
-/// request, not empty), or it is a goodbye or credit frame, which the
-/// writer waits for.
-fn wants_signal(io: &Io, frame: &Frame, inline: bool) -> bool {
-    let held = !inline && !by_rendezvous(io, frame) && frame.payload.as_ref().is_some_and(|b| !b.is_empty());
+/// request (`large`), not empty), or it is a goodbye or credit frame, which
+/// the writer waits for.
+fn wants_signal(frame: &Frame, large: bool, inline: bool) -> bool {
+    let held = !inline && !large && frame.payload.as_ref().is_some_and(|b| !b.is_empty());
     held || (frame.tag == 0 && frame.header.kind != FrameKind::Data)
 }
 
-/// Whether the device copies `frame` into the work request at post time.
-/// A tagged frame (no header on the wire) is counted with one all the
-/// same, so the fallback that sends it as a plain message stays inline.
-fn is_inline(io: &Io, frame: &Frame, max_inline: usize) -> bool {
+/// Whether the device copies `frame` into the work request at post time
+/// (`large`: it goes as a rendezvous request). A tagged frame (no header
+/// on the wire) is counted with one all the same, so the fallback that
+/// sends it as a plain message stays inline.
+fn is_inline(frame: &Frame, large: bool, max_inline: usize) -> bool {
     let len = frame.payload.as_ref().map_or(0, |b| b.len());
-    let bytes = match () {
-        _ if by_rendezvous(io, frame) => HEADER_LEN + DESC_LEN,
-        _ if frame.header.kind == FrameKind::Data => len,
-        _ => HEADER_LEN + len,
+    let bytes = if large {
+        HEADER_LEN + DESC_LEN
+    } else if frame.header.kind == FrameKind::Data {
+        len
+    } else {
+        HEADER_LEN + len
     };
     bytes <= max_inline
 }
@@ -407,7 +417,7 @@ fn write_imm_wr(
 ) -> ibv_send_wr {
     let none = ibv_sge { addr: 0, length: 0, lkey: 0 };
     let payload = match &frame.payload {
-        Some(b) if !b.is_empty() => payload_sge(b),
+        Some(b) if !b.is_empty() => payload_sge(b, inline),
         _ => none,
     };
     sges.push([payload, none]);

@@ -72,7 +72,9 @@ pub(crate) fn offer(shared: &Shared, d: Delivery) -> Result<(), Delivery> {
         return Err(d);
     }
     WANT.set(0);
-    SLOT.set(Some(d));
+    // Not `SLOT.set`: `LocalKey::set` goes through the key's lazy
+    // initialisation, a call on every message.
+    SLOT.with_borrow_mut(|slot| *slot = Some(d));
     Ok(())
 }
 

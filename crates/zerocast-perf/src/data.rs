@@ -61,15 +61,23 @@ pub(crate) fn context_for(spec: &Spec) -> Zerocast {
 }
 
 /// Where a received message's sequence number is: the first up-to-8 bytes.
+/// (Eight bytes, the usual case, are one store: no call to `memcpy`.)
 fn stamp(payload: &mut [u8], seq: u64) {
-    let n = payload.len().min(8);
-    payload[..n].copy_from_slice(&seq.to_le_bytes()[..n]);
+    match payload.first_chunk_mut::<8>() {
+        Some(head) => *head = seq.to_le_bytes(),
+        None => {
+            let n = payload.len();
+            payload.copy_from_slice(&seq.to_le_bytes()[..n]);
+        }
+    }
 }
 
 fn stamp_of(payload: &[u8]) -> u64 {
+    if let Some(head) = payload.first_chunk::<8>() {
+        return u64::from_le_bytes(*head);
+    }
     let mut b = [0u8; 8];
-    let n = payload.len().min(8);
-    b[..n].copy_from_slice(&payload[..n]);
+    b[..payload.len()].copy_from_slice(payload);
     u64::from_le_bytes(b)
 }
 

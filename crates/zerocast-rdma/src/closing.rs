@@ -25,7 +25,11 @@ pub(crate) struct Closing {
 
 impl Closing {
     pub(crate) fn new() -> io::Result<Self> {
-        let (tx, rx) = crossbeam_channel::bounded(0);
+        // Nothing is ever sent: only the disconnection matters. Not a
+        // zero-capacity channel: a `select!` that blocks on one of those
+        // allocates a packet every time it waits, and the reposter waits
+        // on this channel once per rendezvous message it is handed.
+        let (tx, rx) = crossbeam_channel::bounded(1);
         Ok(Self { fd: eventfd()?, tx: Mutex::new(Some(tx)), rx })
     }
 

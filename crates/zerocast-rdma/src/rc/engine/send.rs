@@ -55,7 +55,8 @@ pub(super) struct RcWire {
 }
 
 /// Work requests and scatter lists under construction, kept between posts.
-#[derive(Default)]
+/// Sized once for the longest chain: a post never grows them, so the
+/// writer allocates nothing per message, whatever batch sizes it meets.
 struct Scratch {
     wrs: Vec<ibv_send_wr>,
     sges: Vec<[ibv_sge; 2]>,
@@ -67,6 +68,17 @@ struct Scratch {
 // memory only during one `post_batch`, which rewrites them before posting;
 // between posts they are stale and never read.
 unsafe impl Send for Scratch {}
+
+impl Scratch {
+    fn for_chains_of(max_chain: usize) -> Self {
+        Self {
+            wrs: Vec::with_capacity(max_chain),
+            sges: Vec::with_capacity(max_chain),
+            reserved: Vec::with_capacity(max_chain),
+            inline: Vec::with_capacity(max_chain),
+        }
+    }
+}
 
 impl Wire for RcWire {
     fn write(&mut self, frames: &mut [Frame], ctx: &WireCtx<'_>) -> Result<(), ConnError> {
@@ -111,7 +123,11 @@ impl Wire for RcWire {
 /// the last sends to complete and closes the QP.
 pub(super) fn sender(io: &Arc<Io>, driver: &Driver) {
     let max_chain = lock(&io.send).ring.max_chain();
-    driver.run_writer(Box::new(RcWire { io: io.clone(), scratch: Scratch::default(), max_chain }));
+    driver.run_writer(Box::new(RcWire {
+        io: io.clone(),
+        scratch: Scratch::for_chains_of(max_chain),
+        max_chain,
+    }));
     // Let our last sends (the goodbye) be acknowledged, and the peer read
     // our rendezvous payloads, before disconnecting. A peer that fails
     // meanwhile closes the connection, which ends the wait.

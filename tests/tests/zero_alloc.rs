@@ -141,7 +141,7 @@ fn steady_state_messages_do_not_allocate() {
 #[cfg(feature = "rdma")]
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
-fn rc_steady_state_messages_do_not_allocate() {
+fn rdma_steady_state_messages_do_not_allocate() {
     use zerocast::rdma::{CompletionMode, RcConfig};
     use zerocast::{Config, LinkConfig};
 
@@ -161,6 +161,6 @@ fn rc_steady_state_messages_do_not_allocate() {
             typed(&t, 4_000);
         }
     }
-    // RDMA UD: the same address family of the guest's device.
+    // RDMA UD, bound on the device's address.
     datagrams(&Zerocast::new(), &format!("ud://{addr}:0"), Backend::RdmaUd, 4_000);
 }

@@ -83,17 +83,20 @@ impl RcSource {
     /// checks it on every message.
     #[inline]
     fn arm_again(&mut self) -> bool {
-        self.event_mode && !self.armed && self.arm()
+        let due = self.event_mode && !self.armed;
+        if due {
+            self.arm();
+        }
+        due
     }
 
-    /// Request a completion event; `true`.
+    /// Request a completion event.
     #[inline(never)]
-    fn arm(&mut self) -> bool {
+    fn arm(&mut self) {
         if let Err(e) = self.io.cq.arm() {
             tracing::debug!(error = %e, "ibv_req_notify_cq failed");
         }
         self.armed = true;
-        true
     }
 
     /// Before reporting the CQ empty in event mode: the CQ is armed and no
@@ -110,7 +113,8 @@ impl RcSource {
     #[inline(never)]
     fn settled_event(&mut self) -> bool {
         if !self.armed {
-            return !self.arm();
+            self.arm();
+            return false;
         }
         match self.io.cq.wait(0) {
             Ok(true) => {

@@ -181,11 +181,13 @@ fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
         return Ok(());
     }
     let max_inline = io.qp.max_inline() as usize;
+    let mut signal_last = false;
     for f in batch.iter() {
-        inline.push(is_inline(f, by_rendezvous(io, f), max_inline));
+        let large = by_rendezvous(io, f);
+        let inl = is_inline(f, large, max_inline);
+        inline.push(inl);
+        signal_last |= wants_signal(f, large, inl);
     }
-    let signal_last =
-        batch.iter().zip(inline.iter()).any(|(f, &inl)| wants_signal(f, by_rendezvous(io, f), inl));
     // Take a slot per frame first, waiting while the send queue is full.
     {
         let mut t = lock(&io.send);

@@ -54,10 +54,15 @@ fn server(conn: &Connection) -> Result<()> {
     let mut buf = conn.alloc(SIZE).context("alloc")?;
     buf.fill(0);
     buf[..SERVER_TEXT.len()].copy_from_slice(SERVER_TEXT.as_bytes());
-    let region = rc.expose(&buf);
+    // The peer may read and write exactly these bytes until `exposure`
+    // drops; the buffer stays borrowed until then.
+    let exposure = rc.expose_writable(&mut buf).context("expose")?;
+    let region = exposure.region();
     println!("server: exposing {} bytes at {:#x}, rkey {:#x}", region.len, region.addr, region.rkey);
     tx.send(Msg::Region(region)).map_err(|e| anyhow!("send the region: {e}"))?;
-    match rx.recv().context("wait for the client")? {
+    let reply = rx.recv().context("wait for the client")?;
+    exposure.revoke();
+    match reply {
         Msg::Written => println!("server: buffer now holds: {}", text(&buf)),
         other => bail!("unexpected message {other:?}"),
     }
@@ -73,12 +78,12 @@ fn client(conn: &Connection) -> Result<()> {
     };
     println!("client: got region {region:?}");
     let local = conn.alloc(SIZE).context("alloc")?;
-    let local = rc.read(local, region).map_err(|(_, e)| anyhow!("RDMA READ: {e}"))?;
+    let local = rc.read(local, region).map_err(|e| anyhow!("RDMA READ: {}", e.error()))?;
     println!("client: RDMA READ: {}", text(&local));
     let mut local = local;
     local.fill(0);
     local[..CLIENT_TEXT.len()].copy_from_slice(CLIENT_TEXT.as_bytes());
-    let local = rc.write(local, region).map_err(|(_, e)| anyhow!("RDMA WRITE: {e}"))?;
+    let local = rc.write(local, region).map_err(|e| anyhow!("RDMA WRITE: {}", e.error()))?;
     drop(local);
     println!("client: RDMA WRITE done");
     tx.send(Msg::Written).map_err(|e| anyhow!("send: {e}"))?;

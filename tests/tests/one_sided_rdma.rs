@@ -1,7 +1,9 @@
 //! One-sided RDMA on RC connections, over `rc://` and `rc+oob://`: a
 //! buffer exposed as a `RemoteRegion` travels in a typed message, the peer
-//! RDMA-READs or RDMA-WRITEs it; a forged rkey is a typed remote-access
-//! error; a local buffer longer than the region is refused before posting.
+//! RDMA-READs or RDMA-WRITEs it; a forged rkey, an access outside the
+//! exposed bytes, a WRITE to a read-only exposure and any access after the
+//! exposure is revoked are typed remote-access errors; a local buffer
+//! longer than the region is refused before posting.
 //!
 //! Every test needs a verbs device: they are ignored on a plain `cargo
 //! test`; `scripts/test` runs them inside the Soft-RoCE guest, serially.
@@ -92,16 +94,19 @@ fn read_exposed(t: &Transport) {
     for (i, b) in exposed.iter_mut().enumerate() {
         *b = pattern(i, 7);
     }
-    tell(&server, Msg::Region(rc(&server.conn).expose(&exposed)));
+    let exposure = rc(&server.conn).expose(&exposed).expect("expose");
+    assert!(!exposure.is_writable());
+    tell(&server, Msg::Region(exposure.region()));
     let Msg::Region(region) = hear(&client) else { panic!("expected a region") };
     assert_eq!(region.len, LEN as u64);
     let local = client.conn.alloc(LEN).expect("alloc");
     let start = Instant::now();
-    let local = rc(&client.conn).read(local, region).map_err(|(_, e)| e).expect("RDMA READ");
+    let local = rc(&client.conn).read(local, region).map_err(|e| e.into_parts().1).expect("RDMA READ");
     println!("READ of {LEN} bytes took {:?}", start.elapsed());
     assert!(local.iter().enumerate().all(|(i, &b)| b == pattern(i, 7)), "READ bytes differ");
     tell(&client, Msg::Done);
     assert!(matches!(hear(&server), Msg::Done));
+    drop(exposure);
     drop((local, exposed, client, server));
 }
 
@@ -111,23 +116,29 @@ fn write_exposed(t: &Transport) {
     let (client, server) = sides(t);
     let mut exposed = server.conn.alloc(LEN).expect("alloc");
     exposed.fill(0);
-    tell(&server, Msg::Region(rc(&server.conn).expose(&exposed)));
+    let exposure = rc(&server.conn).expose_writable(&mut exposed).expect("expose");
+    assert!(exposure.is_writable());
+    tell(&server, Msg::Region(exposure.region()));
     let Msg::Region(region) = hear(&client) else { panic!("expected a region") };
     let mut local = client.conn.alloc(LEN).expect("alloc");
     for (i, b) in local.iter_mut().enumerate() {
         *b = pattern(i, 42);
     }
-    let local = rc(&client.conn).write(local, region).map_err(|(_, e)| e).expect("RDMA WRITE");
+    let local = rc(&client.conn).write(local, region).map_err(|e| e.into_parts().1).expect("RDMA WRITE");
     tell(&client, Msg::Done);
     assert!(matches!(hear(&server), Msg::Done));
-    assert!(exposed.iter().enumerate().all(|(i, &b)| b == pattern(i, 42)), "WRITE bytes differ");
+    let mut seen = vec![0u8; LEN];
+    exposure.read_into(0, &mut seen);
+    assert!(seen.iter().enumerate().all(|(i, &b)| b == pattern(i, 42)), "WRITE bytes differ");
     // Half the region, at an offset: the region arithmetic is the caller's.
     let half = RemoteRegion { addr: region.addr + 1000, len: region.len - 1000, rkey: region.rkey };
     let mut small = client.conn.alloc(1000).expect("alloc");
     small.fill(0xee);
-    let small = rc(&client.conn).write(small, half).map_err(|(_, e)| e).expect("RDMA WRITE at an offset");
+    let small =
+        rc(&client.conn).write(small, half).map_err(|e| e.into_parts().1).expect("RDMA WRITE at an offset");
     tell(&client, Msg::Done);
     assert!(matches!(hear(&server), Msg::Done));
+    exposure.revoke();
     assert!(exposed[1000..2000].iter().all(|&b| b == 0xee));
     assert_eq!(exposed[999], pattern(999, 42));
     assert_eq!(exposed[2000], pattern(2000, 42));
@@ -144,7 +155,8 @@ fn write_with_immediate(t: &Transport) {
     let (client, server) = sides(t);
     let mut exposed = server.conn.alloc(LEN).expect("alloc");
     exposed.fill(0);
-    tell(&server, Msg::Region(rc(&server.conn).expose(&exposed)));
+    let exposure = rc(&server.conn).expose_writable(&mut exposed).expect("expose");
+    tell(&server, Msg::Region(exposure.region()));
     let Msg::Region(region) = hear(&client) else { panic!("expected a region") };
     let conn = client.conn.clone();
     let writer = thread::spawn(move || {
@@ -163,7 +175,8 @@ fn write_with_immediate(t: &Transport) {
     for k in 0..N {
         let note = server.conn.recv_timeout(TIMEOUT).expect("write notification");
         assert_eq!((note.immediate(), note.len()), (Some(0xA000_0000 | k as u32), 0), "notification {k}");
-        let chunk = &exposed[k * CHUNK..(k + 1) * CHUNK];
+        let mut chunk = [0u8; CHUNK];
+        exposure.read_into(k * CHUNK, &mut chunk);
         assert!(chunk.iter().enumerate().all(|(i, &b)| b == pattern(i, k as u8)), "chunk {k} not in place");
         drop(note);
         let msg = server.conn.recv_timeout(TIMEOUT).expect("message");
@@ -186,6 +199,7 @@ fn write_with_immediate(t: &Transport) {
     }
     tell(&client, Msg::Done);
     assert!(matches!(hear(&server), Msg::Done));
+    drop(exposure);
     drop((exposed, client, server));
 }
 
@@ -197,14 +211,15 @@ fn many_concurrent_reads(t: &Transport) {
     for (i, b) in exposed.iter_mut().enumerate() {
         *b = pattern(i, 3);
     }
-    let region = rc(&server.conn).expose(&exposed);
+    let exposure = rc(&server.conn).expose(&exposed).expect("expose");
+    let region = exposure.region();
     let workers: Vec<_> = (0..4)
         .map(|_| {
             let c = client.conn.clone();
             thread::spawn(move || {
                 for _ in 0..25 {
                     let local = c.alloc(4096).expect("alloc");
-                    let local = rc(&c).read(local, region).map_err(|(_, e)| e).expect("RDMA READ");
+                    let local = rc(&c).read(local, region).map_err(|e| e.into_parts().1).expect("RDMA READ");
                     assert!(local.iter().enumerate().all(|(i, &b)| b == pattern(i, 3)));
                 }
             })
@@ -213,6 +228,7 @@ fn many_concurrent_reads(t: &Transport) {
     for w in workers {
         w.join().expect("reader thread");
     }
+    drop(exposure);
     drop((exposed, client, server));
 }
 
@@ -221,20 +237,83 @@ fn many_concurrent_reads(t: &Transport) {
 fn forged_rkey(t: &Transport) {
     let (client, server) = sides(t);
     let exposed = server.conn.alloc(4096).expect("alloc");
-    let mut region = rc(&server.conn).expose(&exposed);
+    let exposure = rc(&server.conn).expose(&exposed).expect("expose");
+    let mut region = exposure.region();
     region.rkey ^= 0x5a5a;
     let local = client.conn.alloc(4096).expect("alloc");
     let start = Instant::now();
-    let (local, err) = rc(&client.conn).read(local, region).expect_err("a forged rkey must fail");
+    let (local, err) = read_fails(&client, local, region);
     let took = start.elapsed();
     println!("forged rkey: {err} after {took:?}");
     assert!(matches!(err, RcError::RemoteAccess), "not a remote access error: {err:?}");
     assert!(took < Duration::from_secs(5), "remote access error took {took:?}");
     // The QP is in the error state: later requests fail too, typed.
-    let (local, err) = rc(&client.conn).read(local, region).expect_err("the connection failed");
+    let (local, err) = read_fails(&client, local, region);
     assert!(matches!(err, RcError::Closed | RcError::Flushed), "{err:?}");
+    drop(exposure);
     drop((local, exposed, client, server));
     assert_rc_pool_drained(t);
+}
+
+/// A one-sided READ that must fail: the buffer back and the reason.
+fn read_fails(s: &Side, local: zerocast::Buf, region: RemoteRegion) -> (zerocast::Buf, RcError) {
+    let e = rc(&s.conn).read(local, region).expect_err("the READ must fail");
+    let (buf, err) = e.into_parts();
+    (buf.expect("a failed READ hands the buffer back"), err)
+}
+
+/// What an exposure does not allow fails with a remote access error, and
+/// fails the connection that tried: a READ just past the exposed bytes (in
+/// the same pool region), a WRITE to a read-only exposure, and a READ with
+/// the rkey of an exposure already revoked. Each attempt uses a fresh
+/// connection; the exposing side's bystander connection keeps working.
+fn scoped_exposure(t: &Transport) {
+    #[derive(Clone, Copy, Debug)]
+    enum Attempt {
+        PastTheEnd,
+        BeforeTheStart,
+        WriteReadOnly,
+        AfterRevoke,
+    }
+    for attempt in
+        [Attempt::PastTheEnd, Attempt::BeforeTheStart, Attempt::WriteReadOnly, Attempt::AfterRevoke]
+    {
+        let (client, server) = sides(t);
+        // Two buffers of one pool region: the exposed one, and a neighbour.
+        let mut neighbour = server.conn.alloc(4096).expect("alloc");
+        neighbour.fill(0x11);
+        let exposed = server.conn.alloc(4096).expect("alloc");
+        let exposure = rc(&server.conn).expose(&exposed).expect("expose");
+        let region = exposure.region();
+        let local = client.conn.alloc(4096).expect("alloc");
+        // The exposure itself works.
+        let local = rc(&client.conn).read(local, region).map_err(|e| e.into_parts().1).expect("READ inside");
+        let err = match attempt {
+            Attempt::PastTheEnd => {
+                let past = RemoteRegion { addr: region.addr + region.len, ..region };
+                read_fails(&client, local, past).1
+            }
+            Attempt::BeforeTheStart => {
+                let before = RemoteRegion { addr: region.addr - 4096, ..region };
+                read_fails(&client, local, before).1
+            }
+            Attempt::WriteReadOnly => {
+                let e = rc(&client.conn).write(local, region).expect_err("WRITE to a read-only exposure");
+                e.into_parts().1
+            }
+            Attempt::AfterRevoke => {
+                exposure.revoke();
+                tell(&server, Msg::Done);
+                assert!(matches!(hear(&client), Msg::Done));
+                let (_, err) = read_fails(&client, local, region);
+                err
+            }
+        };
+        println!("{attempt:?}: {err}");
+        assert!(matches!(err, RcError::RemoteAccess), "{attempt:?}: not a remote access error: {err:?}");
+        assert!(neighbour.iter().all(|&b| b == 0x11), "{attempt:?}: the neighbour buffer changed");
+        drop((neighbour, exposed, client, server));
+    }
 }
 
 /// A local buffer longer than the remote region is refused before posting,
@@ -242,15 +321,19 @@ fn forged_rkey(t: &Transport) {
 fn local_longer_than_remote(t: &Transport) {
     let (client, server) = sides(t);
     let exposed = server.conn.alloc(64).expect("alloc");
-    let region = rc(&server.conn).expose(&exposed);
+    let exposure = rc(&server.conn).expose(&exposed).expect("expose");
+    let region = exposure.region();
     let local = client.conn.alloc(128).expect("alloc");
-    let (local, err) = rc(&client.conn).read(local, region).expect_err("too long for the region");
+    let (local, err) = read_fails(&client, local, region);
     assert!(matches!(err, RcError::RemoteTooShort { local: 128, remote: 64 }), "{err:?}");
-    let (local, err) = rc(&client.conn).write(local, region).expect_err("too long for the region");
+    let (local, err) =
+        rc(&client.conn).write(local, region).expect_err("too long for the region").into_parts();
+    let local = local.expect("the buffer comes back");
     assert!(matches!(err, RcError::RemoteTooShort { .. }), "{err:?}");
     assert_eq!(local.len(), 128, "the buffer comes back as it was");
     tell(&client, Msg::Done);
     assert!(matches!(hear(&server), Msg::Done), "the connection still works");
+    drop(exposure);
     drop((local, exposed, client, server));
 }
 
@@ -293,6 +376,12 @@ macro_rules! one_sided {
             #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
             fn forged_rkey_is_remote_access_error() {
                 run(forged_rkey);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn exposure_is_scoped_and_revocable() {
+                run(scoped_exposure);
             }
 
             #[test]

@@ -45,6 +45,21 @@ impl Mapping {
         Ok(Self { base, len })
     }
 
+    /// Keep the mapping out of children this process forks
+    /// (`MADV_DONTFORK`): in a child the range is simply not mapped.
+    fn dont_fork(&self) -> Result<(), PoolError> {
+        // SAFETY: `base`/`len` are exactly our live mapping (page-aligned,
+        // as mmap returned it); the advice changes only what a future
+        // fork copies, not this process's view of the memory.
+        let rc = unsafe { libc::madvise(self.base.as_ptr().cast(), self.len, libc::MADV_DONTFORK) };
+        if rc != 0 {
+            let err = io::Error::last_os_error();
+            tracing::warn!(bytes = self.len, error = %err, "madvise(MADV_DONTFORK) of a pool region failed");
+            return Err(PoolError::Alloc { bytes: self.len });
+        }
+        Ok(())
+    }
+
     /// Write one byte per page so every page is backed now, not at first use.
     fn prefault(&self) {
         for off in (0..self.len).step_by(PAGE) {
@@ -80,14 +95,23 @@ pub(crate) struct Region {
 
 impl Region {
     /// Map `len` bytes (a multiple of [`PAGE`]), optionally prefault them, and
-    /// register them. On failure nothing is left behind: the mapping is
+    /// register them. A registrar that pins memory gets a mapping that forked
+    /// children do not inherit. On failure nothing is left behind: the mapping is
     /// unmapped before the error is returned.
     pub(crate) fn new(len: usize, prefault: bool, registrar: &dyn Registrar) -> Result<Self, PoolError> {
         let mem = Mapping::new(len)?;
         if prefault {
             mem.prefault();
         }
-        let registration = registrar.register(mem.base, len).inspect_err(|e| {
+        if registrar.pins_memory() {
+            mem.dont_fork()?;
+        }
+        // SAFETY: `mem` is a live anonymous mapping of `len` bytes that this
+        // region owns; `Drop for Region` drops the registration before the
+        // mapping is unmapped, and a mapping never moves. Nothing refers to
+        // the memory yet; buffers carved from it follow the pool's
+        // ownership rules.
+        let registration = unsafe { registrar.register(mem.base, len) }.inspect_err(|e| {
             tracing::warn!(bytes = len, registrar = registrar.name(), error = %e, "registering a pool region failed");
         })?;
         Ok(Self { registration: Some(registration), mem })

@@ -53,15 +53,37 @@ impl fmt::Debug for Registration {
 /// Registers pool regions with a device. Called once per region, when the
 /// region is created; the returned [`Registration`] is dropped when the
 /// region is released.
+///
+/// # Safety of implementing
+/// Implementing the trait is safe; calling [`Registrar::register`] is not,
+/// because a registration lets a device (and, through it, remote peers if
+/// the implementation grants them access) read and write the memory with
+/// no borrow the compiler can see.
 pub trait Registrar: Send + Sync + 'static {
-    /// Register `len` bytes at `addr`.
+    /// Register `len` bytes at `addr` for the device.
     ///
-    /// The memory stays valid and does not move until the returned
-    /// registration has been dropped.
-    fn register(&self, addr: NonNull<u8>, len: usize) -> Result<Registration, RegisterError>;
+    /// # Safety
+    /// `addr..addr + len` must be memory of this process, allocated,
+    /// mapped and not moved from the call until the returned
+    /// [`Registration`] has been dropped. While it lives the device may
+    /// write the memory at any time: the caller must not hand out
+    /// references to it that assume no other writer, except as the
+    /// transport's ownership rules allow (a buffer posted to the device is
+    /// owned by the in-flight table until its completion is polled). A
+    /// stack array or a `Vec` that may be dropped or reallocated before
+    /// the registration is dropped breaks this contract.
+    unsafe fn register(&self, addr: NonNull<u8>, len: usize) -> Result<Registration, RegisterError>;
 
     /// A short name for logs and errors, such as `"noop"` or `"rxe0"`.
     fn name(&self) -> &str;
+
+    /// Whether a registration pins the memory for a device's DMA. The pool
+    /// then keeps its regions out of forked children (`MADV_DONTFORK`): a
+    /// child never shares, and so never copies on write, a page the device
+    /// may be writing, and a fork does not copy the pinned pool.
+    fn pins_memory(&self) -> bool {
+        false
+    }
 }
 
 /// The registrar for transports that need no registration (TCP, UDP, in-process).
@@ -69,7 +91,7 @@ pub trait Registrar: Send + Sync + 'static {
 pub struct NoopRegistrar;
 
 impl Registrar for NoopRegistrar {
-    fn register(&self, _addr: NonNull<u8>, _len: usize) -> Result<Registration, RegisterError> {
+    unsafe fn register(&self, _addr: NonNull<u8>, _len: usize) -> Result<Registration, RegisterError> {
         Ok(Registration::unregistered())
     }
 

@@ -18,7 +18,7 @@ struct FailingRegistrar {
 }
 
 impl Registrar for FailingRegistrar {
-    fn register(&self, _addr: NonNull<u8>, len: usize) -> Result<Registration, RegisterError> {
+    unsafe fn register(&self, _addr: NonNull<u8>, len: usize) -> Result<Registration, RegisterError> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         if n == self.fail_on {
             return Err(RegisterError::from_os("fake", len, io::Error::from_raw_os_error(self.errno)));
@@ -88,7 +88,7 @@ fn failing_registrar_every_time_leaves_nothing_behind() {
 struct PanicOnceRegistrar(AtomicUsize);
 
 impl Registrar for PanicOnceRegistrar {
-    fn register(&self, _addr: NonNull<u8>, _len: usize) -> Result<Registration, RegisterError> {
+    unsafe fn register(&self, _addr: NonNull<u8>, _len: usize) -> Result<Registration, RegisterError> {
         if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
             panic!("registrar bug");
         }
@@ -173,7 +173,7 @@ impl Drop for Guard {
 }
 
 impl Registrar for RecordingRegistrar {
-    fn register(&self, addr: NonNull<u8>, len: usize) -> Result<Registration, RegisterError> {
+    unsafe fn register(&self, addr: NonNull<u8>, len: usize) -> Result<Registration, RegisterError> {
         let n = self.next.fetch_add(1, Ordering::SeqCst) + 1;
         let keys = Keys { lkey: n, rkey: 1000 + n };
         let addr = addr.as_ptr() as usize;

@@ -5,12 +5,13 @@ use std::fmt;
 use std::mem::MaybeUninit;
 use std::os::raw::c_int;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rdma_sys::{
     ___ibv_query_port, ibv_alloc_pd, ibv_close_device, ibv_context, ibv_dealloc_pd, ibv_device,
-    ibv_device_attr, ibv_free_device_list, ibv_get_device_list, ibv_get_device_name, ibv_mtu,
-    ibv_open_device, ibv_pd, ibv_port_attr, ibv_port_state, ibv_query_device,
+    ibv_device_attr, ibv_fork_init, ibv_free_device_list, ibv_get_device_list, ibv_get_device_name,
+    ibv_is_fork_initialized, ibv_mtu, ibv_open_device, ibv_pd, ibv_port_attr, ibv_port_state,
+    ibv_query_device,
 };
 
 use crate::error::{errno_from_rc, DeviceError};
@@ -247,6 +248,8 @@ unsafe impl Sync for ProtectionDomain {}
 impl ProtectionDomain {
     /// Allocate a protection domain on `ctx`.
     pub fn new(ctx: &Arc<Context>) -> Result<Arc<Self>, DeviceError> {
+        // Before the first registration, which needs a PD.
+        fork_protection();
         // SAFETY: `ctx` is an open context, kept open by the clone stored below.
         let raw = unsafe { ibv_alloc_pd(ctx.as_ptr()) };
         match NonNull::new(raw) {
@@ -499,4 +502,44 @@ mod tests {
         assert_eq!(PortState::from_raw(ibv_port_state::IBV_PORT_ACTIVE).to_string(), "PORT_ACTIVE");
         assert_eq!(PortState::from_raw(42), PortState::Other(42));
     }
+}
+
+/// How registered memory is protected across `fork` in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ForkProtection {
+    /// The kernel keeps pinned pages correct across `fork` by itself
+    /// (Linux 5.13 and later with rdma-core 35 and later): nothing to do.
+    Kernel,
+    /// libibverbs marks every registered range `MADV_DONTFORK`
+    /// (`ibv_fork_init` succeeded).
+    Libibverbs,
+    /// Neither: memory was registered in this process (by other code)
+    /// before zerocast could ask. zerocast's own pool regions are still
+    /// `MADV_DONTFORK`.
+    PoolOnly,
+}
+
+/// Ask libibverbs, once per process and before zerocast registers any
+/// memory, to protect registered memory across `fork` (`ibv_fork_init`),
+/// and report which protection is in effect. zerocast's pool regions and
+/// header slabs are `MADV_DONTFORK` in any case, so a child process never
+/// shares a page a device may be writing.
+pub fn fork_protection() -> ForkProtection {
+    static STATE: OnceLock<ForkProtection> = OnceLock::new();
+    *STATE.get_or_init(|| {
+        // SAFETY: `ibv_fork_init` takes no arguments and only sets up
+        // libibverbs' own bookkeeping; it fails harmlessly (EINVAL) when
+        // memory was registered before it.
+        let rc = unsafe { ibv_fork_init() };
+        // SAFETY: a plain query of libibverbs' state.
+        let status = unsafe { ibv_is_fork_initialized() };
+        let p = match status {
+            rdma_sys::IBV_FORK_UNNEEDED => ForkProtection::Kernel,
+            rdma_sys::IBV_FORK_ENABLED => ForkProtection::Libibverbs,
+            _ => ForkProtection::PoolOnly,
+        };
+        tracing::debug!(rc, protection = ?p, "fork protection of registered memory");
+        p
+    })
 }

@@ -65,10 +65,12 @@ pub mod ud;
 mod verbs;
 
 pub use cm::open_cm_device;
-pub use device::{Context, Device, DeviceAttr, PortAttr, PortState, ProtectionDomain};
+pub use device::{
+    fork_protection, Context, Device, DeviceAttr, ForkProtection, PortAttr, PortState, ProtectionDomain,
+};
 pub use error::DeviceError;
-pub use mr::{MemoryRegion, VerbsRegistrar};
+pub use mr::{Access, MemoryRegion, VerbsRegistrar};
 pub use rc::{
-    pool_config_for, wc_status_name, CompletionMode, OneSided, Rc, RcConfig, RcConnection, RcError,
-    RcListener, RcTransport, RemoteRegion, SrqStats, RENDEZVOUS_RECEIVES,
+    pool_config_for, wc_status_name, CompletionMode, Exposure, OneSided, OneSidedError, Rc, RcConfig,
+    RcConnection, RcError, RcListener, RcTransport, RemoteRegion, SrqStats, RENDEZVOUS_RECEIVES,
 };

@@ -11,12 +11,38 @@ use zerocast_mem::{Keys, RegisterError, Registrar, Registration};
 use crate::device::ProtectionDomain;
 use crate::error::errno_from_rc;
 
-/// The access every zerocast region gets: the device may write received data
-/// into it, and peers may read and write it one-sidedly.
-fn default_access() -> ibv_access_flags {
-    ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
-        | ibv_access_flags::IBV_ACCESS_REMOTE_READ
-        | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+/// What a registration lets the local device and remote peers do with the
+/// memory it covers.
+///
+/// zerocast's own regions are [`Access::Local`]: no peer can reach them,
+/// whatever key it guesses or replays. Remote access is granted per
+/// message or per [`OneSided::expose`](crate::OneSided::expose), on a
+/// registration of exactly the exposed bytes, and revoked by dropping it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Access {
+    /// The local device may read the memory (sends) and write it
+    /// (receives, and the target of this side's RDMA READs). No remote
+    /// access.
+    Local,
+    /// A peer holding the region's rkey may RDMA READ it. Nothing may
+    /// write it through this registration.
+    RemoteRead,
+    /// Local write, and a peer holding the rkey may RDMA READ and WRITE it.
+    RemoteReadWrite,
+}
+
+impl Access {
+    fn flags(self) -> ibv_access_flags {
+        use ibv_access_flags as f;
+        match self {
+            Access::Local => f::IBV_ACCESS_LOCAL_WRITE,
+            Access::RemoteRead => f::IBV_ACCESS_REMOTE_READ,
+            Access::RemoteReadWrite => {
+                f::IBV_ACCESS_LOCAL_WRITE | f::IBV_ACCESS_REMOTE_READ | f::IBV_ACCESS_REMOTE_WRITE
+            }
+        }
+    }
 }
 
 /// A registered memory region (`ibv_mr`). Deregistered on drop, before its
@@ -37,8 +63,7 @@ unsafe impl Send for MemoryRegion {}
 unsafe impl Sync for MemoryRegion {}
 
 impl MemoryRegion {
-    /// Register `len` bytes at `addr` in `pd`, for local write and remote
-    /// read and write.
+    /// Register `len` bytes at `addr` in `pd`, with `access`.
     ///
     /// Fails with [`RegisterError::MemLock`] when the locked-memory limit is
     /// too small (`ulimit -l`), [`RegisterError::Device`] otherwise.
@@ -46,14 +71,18 @@ impl MemoryRegion {
     /// # Safety
     /// `addr..addr + len` must be memory of this process that stays allocated,
     /// and is not unmapped or moved, until the returned region is dropped: the
-    /// device, and through it remote peers, may read and write it all that time.
+    /// device, and through it remote peers as `access` allows, may read and
+    /// write it all that time, with no borrow the compiler sees. The caller
+    /// must not hold references to the memory that assume no other writer
+    /// while the device may write it.
     pub unsafe fn register(
         pd: &Arc<ProtectionDomain>,
         addr: NonNull<u8>,
         len: usize,
+        access: Access,
     ) -> Result<Self, RegisterError> {
         // The flags are small bit values (0x1 | 0x2 | 0x4): the cast is lossless.
-        let access = default_access().0 as c_int;
+        let access = access.flags().0 as c_int;
         let device = pd.context().name();
         // SAFETY: `pd` is a live PD (held by the returned region); the caller
         // guarantees the memory range stays valid while the region lives.
@@ -117,15 +146,27 @@ impl fmt::Debug for MemoryRegion {
 ///
 /// Each registration keeps its [`MemoryRegion`], which keeps the protection
 /// domain, so the pool can outlive the registrar itself.
+///
+/// Regions are registered [`Access::Local`] unless built
+/// [`VerbsRegistrar::with_access`]: then every peer that learns a region's
+/// rkey may read (and write) every buffer of that region, for as long as
+/// the pool lives. Only a pool whose peers are all trusted should ask for it.
 #[derive(Debug, Clone)]
 pub struct VerbsRegistrar {
     pd: Arc<ProtectionDomain>,
+    access: Access,
 }
 
 impl VerbsRegistrar {
-    /// A registrar that registers into `pd`.
+    /// A registrar that registers into `pd`, for the local device only.
     pub fn new(pd: Arc<ProtectionDomain>) -> Self {
-        Self { pd }
+        Self::with_access(pd, Access::Local)
+    }
+
+    /// A registrar that registers into `pd` with `access` (see the type's
+    /// documentation before granting remote access to a whole pool).
+    pub fn with_access(pd: Arc<ProtectionDomain>, access: Access) -> Self {
+        Self { pd, access }
     }
 
     /// The protection domain regions are registered in.
@@ -135,16 +176,21 @@ impl VerbsRegistrar {
 }
 
 impl Registrar for VerbsRegistrar {
-    fn register(&self, addr: NonNull<u8>, len: usize) -> Result<Registration, RegisterError> {
-        // SAFETY: the `Registrar` contract: the pool keeps the region allocated
+    unsafe fn register(&self, addr: NonNull<u8>, len: usize) -> Result<Registration, RegisterError> {
+        // SAFETY: the `Registrar::register` contract, which our caller
+        // upholds, is `MemoryRegion::register`'s: the memory stays allocated
         // and in place until the returned `Registration` (which owns the MR)
         // has been dropped.
-        let mr = unsafe { MemoryRegion::register(&self.pd, addr, len) }?;
+        let mr = unsafe { MemoryRegion::register(&self.pd, addr, len, self.access) }?;
         tracing::debug!(device = %self.name(), len, keys = ?mr.keys(), "registered region");
         Ok(Registration::new(mr.keys(), mr))
     }
 
     fn name(&self) -> &str {
         self.pd.context().name()
+    }
+
+    fn pins_memory(&self) -> bool {
+        true
     }
 }

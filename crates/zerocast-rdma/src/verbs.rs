@@ -20,7 +20,7 @@ use rdma_sys::{
 use crate::cm::{poll_readable, set_nonblocking, CmId};
 use crate::device::{Context, ProtectionDomain};
 use crate::error::errno_from_rc;
-use crate::mr::MemoryRegion;
+use crate::mr::{Access, MemoryRegion};
 use crate::srq::Srq;
 
 /// A completion queue, optionally with its own completion channel.
@@ -508,6 +508,8 @@ pub(crate) const SLOT: usize = zerocast_core::HEADER_LEN;
 /// payload buffer: frame headers, and RC rendezvous descriptors.
 pub(crate) struct HeaderSlab {
     ptr: NonNull<u8>,
+    /// Bytes mapped: the slots, rounded up to whole pages.
+    len: usize,
     slots: usize,
     mr: Option<MemoryRegion>,
 }
@@ -520,14 +522,41 @@ unsafe impl Sync for HeaderSlab {}
 
 impl HeaderSlab {
     pub(crate) fn new(pd: &Arc<ProtectionDomain>, slots: usize) -> Result<Self, zerocast_mem::RegisterError> {
-        let bytes: Box<[u8]> = vec![0u8; slots.max(1) * SLOT].into_boxed_slice();
-        let len = bytes.len();
-        // SAFETY: `Box::into_raw` never gives null.
-        let ptr = unsafe { NonNull::new_unchecked(Box::into_raw(bytes).cast::<u8>()) };
-        let mut slab = Self { ptr, slots: slots.max(1), mr: None };
-        // SAFETY: the memory stays allocated until `slab` drops, and the MR
+        let slots = slots.max(1);
+        // Whole pages of their own, kept out of forked children like the
+        // pool's regions: no other data shares a page the device writes.
+        let len = (slots * SLOT).next_multiple_of(page_size());
+        let mapping_failed = |source| zerocast_mem::RegisterError::Device {
+            device: pd.context().name().to_owned(),
+            requested: len,
+            source,
+        };
+        // SAFETY: an anonymous private mapping at an address of the kernel's
+        // choosing touches no existing memory; every argument is valid.
+        let raw = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(mapping_failed(io::Error::last_os_error()));
+        }
+        // SAFETY: mmap succeeded, so `raw` is a non-null page address.
+        let ptr = unsafe { NonNull::new_unchecked(raw.cast::<u8>()) };
+        let mut slab = Self { ptr, len, slots, mr: None };
+        // SAFETY: `ptr..ptr + len` is the mapping just made; the advice only
+        // changes what a future fork copies.
+        if unsafe { libc::madvise(raw, len, libc::MADV_DONTFORK) } != 0 {
+            return Err(mapping_failed(io::Error::last_os_error()));
+        }
+        // SAFETY: the memory stays mapped until `slab` drops, and the MR
         // (a field of `slab`) is dropped first, in `Drop`.
-        slab.mr = Some(unsafe { MemoryRegion::register(pd, ptr, len) }?);
+        slab.mr = Some(unsafe { MemoryRegion::register(pd, ptr, len, Access::Local) }?);
         Ok(slab)
     }
 
@@ -549,13 +578,23 @@ impl HeaderSlab {
     }
 }
 
+/// The system's page size.
+fn page_size() -> usize {
+    // SAFETY: sysconf only reads a system constant.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+}
+
 impl Drop for HeaderSlab {
     fn drop(&mut self) {
         drop(self.mr.take());
-        let len = self.slots * SLOT;
-        // SAFETY: `ptr`/`len` came from `Box::into_raw` of a `[u8]` of `len`;
-        // the MR covering it was deregistered just above.
-        drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), len)) });
+        // SAFETY: `ptr`/`len` are the live mapping made in `new`; the MR
+        // covering it was deregistered just above, and nothing else
+        // refers to it.
+        let rc = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        if rc != 0 {
+            tracing::error!(bytes = self.len, error = %io::Error::last_os_error(), "munmap of a header slab failed");
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
 use zerocast_mem::{Pool, PoolConfig, RegisterError, Registrar, Wait};
-use zerocast_rdma::{Device, PortState, RcConfig, RcTransport, VerbsRegistrar};
+use zerocast_rdma::{Access, Device, PortState, RcConfig, RcTransport, VerbsRegistrar};
 
 /// Set in the child process of [`memlock_limit_is_reported`].
 const MEMLOCK_CHILD_ENV: &str = "ZEROCAST_RDMA_MEMLOCK_CHILD";
@@ -134,17 +134,29 @@ fn registers_memory_through_the_registrar() {
 
     let mut buf = vec![0u8; 1 << 20];
     let addr = NonNull::new(buf.as_mut_ptr()).expect("non-null");
-    let reg = registrar.register(addr, buf.len()).expect("register 1 MiB");
+    // SAFETY: `buf` stays allocated and unmoved until after `reg` is dropped below.
+    let reg = unsafe { registrar.register(addr, buf.len()) }.expect("register 1 MiB");
     let keys = reg.keys();
-    println!("registered {} bytes: {keys:?}", buf.len());
+    println!("registered {} bytes for local access: {keys:?}", buf.len());
     assert_ne!(keys.lkey, 0);
-    assert_ne!(keys.rkey, 0);
 
     // A second region gets keys of its own.
     let mut other = vec![0u8; 4096];
     let addr = NonNull::new(other.as_mut_ptr()).expect("non-null");
-    let reg2 = registrar.register(addr, other.len()).expect("register 4 KiB");
+    // SAFETY: `other` stays allocated and unmoved until after `reg2` is dropped below.
+    let reg2 = unsafe { registrar.register(addr, other.len()) }.expect("register 4 KiB");
     assert_ne!(reg2.keys().lkey, keys.lkey);
+
+    // Remote access is granted only when asked for, and then has a key.
+    let remote = VerbsRegistrar::with_access(dev.alloc_pd().expect("alloc pd"), Access::RemoteRead);
+    let mut shared = vec![0u8; 4096];
+    let addr = NonNull::new(shared.as_mut_ptr()).expect("non-null");
+    // SAFETY: `shared` stays allocated and unmoved until after `reg3` is dropped below.
+    let reg3 = unsafe { remote.register(addr, shared.len()) }.expect("register for remote read");
+    println!("registered {} bytes for remote read: {:?}", shared.len(), reg3.keys());
+    assert_ne!(reg3.keys().rkey, 0);
+    drop(reg3);
+    drop(shared);
 
     // Deregister before the memory goes away.
     drop(reg2);
@@ -167,7 +179,6 @@ fn pool_buffers_carry_device_keys() {
         let mut buf = pool.alloc(4096, Wait::No).expect("alloc a registered buffer");
         buf.copy_from_slice(&[0xa5; 4096]);
         assert_ne!(buf.keys().lkey, 0);
-        assert_ne!(buf.keys().rkey, 0);
         assert_ne!(buf.addr(), 0);
         bufs.push(buf);
     }
@@ -221,7 +232,8 @@ fn memlock_child() {
 
     let mut buf = vec![0u8; LEN];
     let addr = NonNull::new(buf.as_mut_ptr()).expect("non-null");
-    match registrar.register(addr, LEN) {
+    // SAFETY: `buf` outlives the match, which drops any registration it gets.
+    match unsafe { registrar.register(addr, LEN) } {
         Ok(reg) => panic!("registering {LEN} bytes under a {LIMIT}-byte limit succeeded: {reg:?}"),
         Err(err @ RegisterError::MemLock { .. }) => {
             let msg = err.to_string();

@@ -87,6 +87,10 @@ pub(crate) struct Io {
     closing: AtomicBool,
     /// Rung by [`Io::close`]: wakes the connection's sleeping threads.
     close_signal: Closing,
+    /// Buffers the device may still own after the connection gave up on
+    /// its flushes (a one-sided request's local buffer): kept here, so they
+    /// go back to the pool only after the QP is destroyed.
+    abandoned: Mutex<Vec<Buf>>,
     /// The listener's shared receive queue, when receives come from one
     /// (then `recv` stays empty). Last: its share is released after the QP.
     srq: Option<srq::Member>,
@@ -154,6 +158,7 @@ impl Io {
             peer_disconnected: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             close_signal,
+            abandoned: Mutex::new(Vec::new()),
             srq,
         });
         // With a shared receive queue, the listener posted this
@@ -272,6 +277,17 @@ impl Io {
         self.one_sided.wake();
         self.rendezvous.wake();
         self.close_signal.ring();
+    }
+
+    /// Keep `buf`, which the device may still own, until this connection's
+    /// QP is destroyed (the field order of `Io`), and count it.
+    pub(crate) fn keep_until_destroyed(&self, buf: Buf) {
+        let mut kept = lock(&self.abandoned);
+        kept.push(buf);
+        tracing::warn!(
+            buffers = kept.len(),
+            "RC connection: a buffer the device may still own is held until the QP is destroyed"
+        );
     }
 
     pub(crate) fn is_closing(&self) -> bool {

@@ -124,6 +124,16 @@ pub enum RcError {
         #[source]
         source: zerocast_mem::PoolError,
     },
+    /// Registering memory for the peer's access (a rendezvous payload, an
+    /// exposed buffer) failed: a memlock limit, say (the source names it).
+    #[error("registering {what} for the peer's access failed")]
+    Register {
+        /// What was to be exposed.
+        what: &'static str,
+        /// Why the device refused.
+        #[source]
+        source: zerocast_mem::RegisterError,
+    },
     /// The rdma_cm device differs from the transport's.
     #[error(
         "rdma_cm chose device `{cm}` for this address but the transport's pool is registered on `{pd}`; \

@@ -20,6 +20,10 @@
 mod cm_path;
 mod engine;
 mod error;
+#[cfg(test)]
+mod fork_tests;
+#[cfg(test)]
+mod hostile_tests;
 mod one_sided;
 mod oob;
 mod rendezvous;
@@ -35,7 +39,7 @@ use zerocast_link::{Flavor, LinkSetup};
 use zerocast_mem::{Pool, PoolConfig};
 
 pub use error::{wc_status_name, RcError};
-pub use one_sided::{OneSided, RemoteRegion};
+pub use one_sided::{Exposure, OneSided, OneSidedError, RemoteRegion};
 pub use srq::SrqStats;
 
 /// Receives each RC connection keeps posted beyond its credit window, for
@@ -46,7 +50,7 @@ pub const RENDEZVOUS_RECEIVES: usize = rendezvous::MAX_PENDING;
 
 use crate::cm::open_cm_device;
 use crate::device::{Device, ProtectionDomain};
-use crate::mr::VerbsRegistrar;
+use crate::mr::{Access, VerbsRegistrar};
 use crate::srq::{AsyncEvents, Srq};
 use crate::verbs::{CompletionQueue, QpCaps};
 use engine::{Io, Sizes};
@@ -128,6 +132,13 @@ pub struct RcConfig {
     pub srq_limit: u32,
     /// Time allowed for address/route resolution and the handshake.
     pub connect_timeout: Duration,
+    /// What the pool's regions allow ([`Access::Local`] by default: no
+    /// peer can reach them, and rendezvous and [`OneSided::expose`] grant
+    /// access to exactly the bytes they expose). Remote access here lets
+    /// every peer that learns a region's rkey (`Buf::keys`) read, or write,
+    /// every buffer of that region for the life of the pool: only for
+    /// deployments whose peers are all trusted.
+    pub pool_access: Access,
     /// Test only: return credits without reposting the receive buffer, so
     /// a sender can overrun the peer and RNR becomes observable.
     #[doc(hidden)]
@@ -151,6 +162,7 @@ impl Default for RcConfig {
             srq: 0,
             srq_limit: 0,
             connect_timeout: Duration::from_secs(10),
+            pool_access: Access::Local,
             unsafe_ignore_credits_for_tests: false,
         }
     }
@@ -185,6 +197,12 @@ impl RcConfig {
     /// Set the send queue depth (4..=16384, capped by the device).
     pub fn with_send_depth(mut self, depth: u32) -> Self {
         self.send_depth = depth;
+        self
+    }
+
+    /// Set what the pool's regions allow (see [`RcConfig::pool_access`]).
+    pub fn with_pool_access(mut self, access: Access) -> Self {
+        self.pool_access = access;
         self
     }
 
@@ -344,7 +362,7 @@ impl RcTransport {
         cfg.validate().map_err(transport_err)?;
         let device = open_cm_device(cfg.device.as_deref()).map_err(transport_err)?;
         let pd = device.alloc_pd().map_err(transport_err)?;
-        let registrar = Arc::new(VerbsRegistrar::new(pd.clone()));
+        let registrar = Arc::new(VerbsRegistrar::with_access(pd.clone(), cfg.pool_access));
         let pool = Pool::new(pool_config_for(&pool, &cfg.link, cfg.eager_limit), registrar)
             .map_err(transport_err)?;
         log_device(&device, &pd, cfg.max_inline);

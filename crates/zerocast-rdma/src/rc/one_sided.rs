@@ -10,6 +10,11 @@
 //! queue and CQ are sized with that many extra entries, so a one-sided
 //! request can neither overflow the send queue nor overrun the CQ.
 //!
+//! Access is scoped: [`OneSided::expose`] registers exactly the buffer's
+//! bytes (read only, or read and write with
+//! [`OneSided::expose_writable`]) and the returned [`Exposure`] revokes
+//! the registration when it drops. Pool regions carry no remote access.
+//!
 //! Failure is RC failure: a bad rkey or an access outside the region comes
 //! back as `IBV_WC_REM_ACCESS_ERR` ([`RcError::RemoteAccess`]); the QP
 //! enters the error state, so the whole connection fails, and every other
@@ -18,7 +23,10 @@
 //! RDMA WRITE with immediate consumes a receive the peer posted, so it is
 //! not one of these: it travels under the link's credits (see `write_imm`).
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::fmt;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rdma_sys::{ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc_status, ibv_wr_opcode};
@@ -27,6 +35,7 @@ use zerocast_mem::Buf;
 
 use super::engine::Io;
 use super::{RcConnection, RcError, Resources};
+use crate::mr::{Access, MemoryRegion};
 
 /// Marks a one-sided work request's `wr_id` (receives use bit 63, sends
 /// their sequence number).
@@ -36,14 +45,14 @@ pub(crate) const ONE_SIDED_SLOTS: usize = 16;
 
 /// A memory range of the peer that RDMA READ and WRITE may target: its
 /// virtual address, length and remote key. Plain data, so it can travel
-/// inside a typed message.
+/// inside a typed message. It is valid while the peer's [`Exposure`] lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RemoteRegion {
     /// Start address in the peer's address space.
     pub addr: u64,
     /// Length in bytes.
     pub len: u64,
-    /// Remote key of the memory region that holds the range.
+    /// Remote key of the registration that covers exactly this range.
     pub rkey: u32,
 }
 
@@ -107,27 +116,140 @@ impl Table {
     }
 }
 
+/// A buffer exposed to the peer: a registration of exactly the buffer's
+/// bytes, whose rkey is in [`Exposure::region`]. Dropping it (or
+/// [`Exposure::revoke`]) deregisters it: from then on the rkey reaches
+/// nothing, and a peer's READ or WRITE with it fails with a remote access
+/// error that fails the peer's connection.
+///
+/// The guard borrows the buffer, so the buffer can be neither sent nor
+/// dropped while the peer may reach it; a writable exposure borrows it
+/// mutably, so nothing reads it while the peer may be writing. Revoke, then
+/// read what the peer wrote.
+#[must_use = "the peer's access is revoked when the exposure drops"]
+#[derive(Debug)]
+pub struct Exposure<'a> {
+    grant: MemoryRegion,
+    region: RemoteRegion,
+    writable: bool,
+    /// The exposed bytes (the borrowed buffer's).
+    base: NonNull<u8>,
+    _buf: PhantomData<&'a mut Buf>,
+}
+
+// SAFETY: the guard owns a registration (Send + Sync) and points at bytes
+// of a buffer it borrows; `read_into` only copies from them with volatile
+// reads, which is sound from any thread while the borrow lives.
+unsafe impl Send for Exposure<'_> {}
+// SAFETY: as above: `&Exposure` allows only volatile copies out.
+unsafe impl Sync for Exposure<'_> {}
+
+impl Exposure<'_> {
+    /// What to send the peer: address, length and rkey of the exposed bytes.
+    pub fn region(&self) -> RemoteRegion {
+        self.region
+    }
+
+    /// Whether the peer may write the bytes too.
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    /// Copy `out.len()` exposed bytes from `offset` into `out`, while the
+    /// peer may still be writing others (after a WRITE with immediate
+    /// announced the ones asked for, say). Each byte is read with a
+    /// volatile load: the device writes this memory behind the compiler's
+    /// back. Panics if the range is outside the exposed bytes.
+    pub fn read_into(&self, offset: usize, out: &mut [u8]) {
+        let len = self.region.len as usize;
+        let end = offset.checked_add(out.len()).filter(|&e| e <= len);
+        assert!(end.is_some(), "read_into: {offset}+{} is outside the {len} exposed bytes", out.len());
+        for (i, o) in out.iter_mut().enumerate() {
+            // SAFETY: `offset + i < len`, inside the borrowed buffer, which
+            // lives and stays in place while `self` does; a volatile read
+            // through a raw pointer makes no claim that nobody else writes.
+            *o = unsafe { self.base.as_ptr().add(offset + i).read_volatile() };
+        }
+    }
+
+    /// Revoke the peer's access now (the same as dropping the guard).
+    pub fn revoke(self) {
+        drop(self.grant);
+    }
+}
+
+/// A one-sided READ or WRITE that failed: the error, and the local buffer
+/// unless the device may still own it.
+///
+/// The buffer is withheld only when the connection's completions stopped
+/// coming after a close (the QP never reported the request's flush): the
+/// device may still write a READ's target, so the buffer stays with the
+/// connection until its QP is destroyed, and is counted there.
+#[derive(Debug)]
+pub struct OneSidedError {
+    op: &'static str,
+    buf: Option<Buf>,
+    source: RcError,
+}
+
+impl OneSidedError {
+    /// The reason.
+    pub fn error(&self) -> &RcError {
+        &self.source
+    }
+
+    /// The local buffer, when it is safe to use again.
+    pub fn into_buf(self) -> Option<Buf> {
+        self.buf
+    }
+
+    /// The local buffer (when safe to use again) and the reason.
+    pub fn into_parts(self) -> (Option<Buf>, RcError) {
+        (self.buf, self.source)
+    }
+}
+
+impl fmt::Display for OneSidedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failed", self.op)?;
+        if self.buf.is_none() {
+            f.write_str(" (the local buffer stays with the connection until its QP is destroyed)")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for OneSidedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
 /// RDMA READ, WRITE and `expose` on an RC connection.
 pub trait OneSided {
-    /// The peer-usable description of `buf`'s bytes (`addr`, `len()`, rkey).
+    /// Let the peer RDMA READ `buf`'s bytes (`addr`, `len()`) until the
+    /// returned guard drops. The rkey covers exactly those bytes, read
+    /// only; pool regions themselves carry no remote access.
     ///
-    /// The rkey is that of the pool region holding `buf`: every pool region
-    /// is registered with `REMOTE_READ | REMOTE_WRITE`, so the key also
-    /// reaches the region's other buffers. That is the price of zero-copy
-    /// from any pool buffer; least privilege would register a dedicated
-    /// region per exposure. Keep `buf` alive (and unsent) as long as the
-    /// peer may access it.
-    fn expose(&self, buf: &Buf) -> RemoteRegion;
+    /// Fails with [`RcError::Register`] when the device refuses the
+    /// registration (a memlock limit, say).
+    fn expose<'a>(&self, buf: &'a Buf) -> Result<Exposure<'a>, RcError>;
+
+    /// Let the peer RDMA READ and WRITE `buf`'s bytes until the returned
+    /// guard drops. The buffer stays borrowed mutably meanwhile: read what
+    /// the peer wrote once the guard is dropped.
+    fn expose_writable<'a>(&self, buf: &'a mut Buf) -> Result<Exposure<'a>, RcError>;
 
     /// RDMA READ `local.len()` bytes from `remote` into `local`, blocking
     /// until the completion is polled. On failure the buffer comes back
-    /// with the error; a device error fails the connection.
-    fn read(&self, local: Buf, remote: RemoteRegion) -> Result<Buf, (Buf, RcError)>;
+    /// with the error (see [`OneSidedError`]); a device error fails the
+    /// connection.
+    fn read(&self, local: Buf, remote: RemoteRegion) -> Result<Buf, OneSidedError>;
 
     /// RDMA WRITE the bytes of `local` to the start of `remote`, blocking
     /// until the completion is polled (the data is then in the peer's
     /// memory).
-    fn write(&self, local: Buf, remote: RemoteRegion) -> Result<Buf, (Buf, RcError)>;
+    fn write(&self, local: Buf, remote: RemoteRegion) -> Result<Buf, OneSidedError>;
 
     /// RDMA WRITE the bytes of `local` to the start of `remote` with the
     /// immediate value `imm`. The peer's application receives, in order
@@ -148,22 +270,47 @@ pub trait OneSided {
     ) -> Result<(), SendError<Buf>>;
 }
 
+fn io_of(conn: &RcConnection) -> Result<Arc<Io>, RcError> {
+    conn.resources::<Resources>()
+        .map(|r| r.0.clone())
+        .ok_or_else(|| RcError::Config("not an RC connection's resources".into()))
+}
+
+fn exposure<'a>(conn: &RcConnection, buf: &Buf, access: Access) -> Result<Exposure<'a>, RcError> {
+    let io = io_of(conn)?;
+    let addr = NonNull::new(buf.addr() as *mut u8).ok_or(RcError::Config("null pool buffer".into()))?;
+    // SAFETY: `buf` is a live pool buffer, mapped and in place while it
+    // lives, and the returned guard borrows it for its whole life (the
+    // caller's signature ties the lifetimes), so the registration is
+    // dropped before the buffer can be. A writable exposure is made only
+    // from `&mut Buf`, so no reader holds the bytes while the peer may
+    // write them.
+    let grant = unsafe { MemoryRegion::register(io.qp().pd(), addr, buf.len(), access) }
+        .map_err(|source| RcError::Register { what: "an exposed buffer", source })?;
+    let region = RemoteRegion { addr: buf.addr(), len: buf.len() as u64, rkey: grant.keys().rkey };
+    Ok(Exposure { grant, region, writable: access == Access::RemoteReadWrite, base: addr, _buf: PhantomData })
+}
+
 impl OneSided for RcConnection {
-    fn expose(&self, buf: &Buf) -> RemoteRegion {
-        RemoteRegion { addr: buf.addr(), len: buf.len() as u64, rkey: buf.keys().rkey }
+    fn expose<'a>(&self, buf: &'a Buf) -> Result<Exposure<'a>, RcError> {
+        exposure(self, buf, Access::RemoteRead)
     }
 
-    fn read(&self, local: Buf, remote: RemoteRegion) -> Result<Buf, (Buf, RcError)> {
-        match self.resources::<Resources>() {
-            Some(r) => run(&r.0, Op::Read, local, remote),
-            None => Err((local, RcError::Config("not an RC connection's resources".into()))),
+    fn expose_writable<'a>(&self, buf: &'a mut Buf) -> Result<Exposure<'a>, RcError> {
+        exposure(self, buf, Access::RemoteReadWrite)
+    }
+
+    fn read(&self, local: Buf, remote: RemoteRegion) -> Result<Buf, OneSidedError> {
+        match io_of(self) {
+            Ok(io) => run(&io, Op::Read, local, remote),
+            Err(source) => Err(OneSidedError { op: Op::Read.name(), buf: Some(local), source }),
         }
     }
 
-    fn write(&self, local: Buf, remote: RemoteRegion) -> Result<Buf, (Buf, RcError)> {
-        match self.resources::<Resources>() {
-            Some(r) => run(&r.0, Op::Write, local, remote),
-            None => Err((local, RcError::Config("not an RC connection's resources".into()))),
+    fn write(&self, local: Buf, remote: RemoteRegion) -> Result<Buf, OneSidedError> {
+        match io_of(self) {
+            Ok(io) => run(&io, Op::Write, local, remote),
+            Err(source) => Err(OneSidedError { op: Op::Write.name(), buf: Some(local), source }),
         }
     }
 
@@ -192,20 +339,30 @@ enum Op {
     Write,
 }
 
-fn run(io: &Io, op: Op, local: Buf, remote: RemoteRegion) -> Result<Buf, (Buf, RcError)> {
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Read => "RDMA READ",
+            Op::Write => "RDMA WRITE",
+        }
+    }
+}
+
+fn run(io: &Io, op: Op, local: Buf, remote: RemoteRegion) -> Result<Buf, OneSidedError> {
+    let fail = |buf, source| Err(OneSidedError { op: op.name(), buf: Some(buf), source });
     let len = local.len();
     if len as u64 > remote.len {
-        return Err((local, RcError::RemoteTooShort { local: len, remote: remote.len }));
+        return fail(local, RcError::RemoteTooShort { local: len, remote: remote.len });
     }
     let Ok(length) = u32::try_from(len) else {
-        return Err((local, RcError::Config(format!("one-sided transfer of {len} bytes exceeds 4 GiB"))));
+        return fail(local, RcError::Config(format!("one-sided transfer of {len} bytes exceeds 4 GiB")));
     };
     let table = io.one_sided();
     // Take a free slot: the semaphore bounding requests in flight.
     let mut t = lock(&table.slots);
     let slot = loop {
         if io.is_closing() {
-            return Err((local, RcError::Closed));
+            return fail(local, RcError::Closed);
         }
         if let Some(i) = t.iter().position(|s| matches!(s, SlotState::Free)) {
             break i;
@@ -236,7 +393,7 @@ fn run(io: &Io, op: Op, local: Buf, remote: RemoteRegion) -> Result<Buf, (Buf, R
         t[slot] = SlotState::Free;
         drop(t);
         table.cv.notify_all();
-        return Err((local, RcError::verbs("ibv_post_send (one-sided)", e)));
+        return fail(local, RcError::verbs("ibv_post_send (one-sided)", e));
     }
     // Wait for the thread polling the CQ to route the completion here. The QP
     // always completes or flushes a posted request, and the completion
@@ -252,8 +409,13 @@ fn run(io: &Io, op: Op, local: Buf, remote: RemoteRegion) -> Result<Buf, (Buf, R
     table.cv.notify_all();
     match status {
         Some((ibv_wc_status::IBV_WC_SUCCESS, _)) => Ok(local),
-        Some((s, vendor_err)) => Err((local, RcError::from_wc_status(s, vendor_err))),
-        None => Err((local, RcError::Flushed)),
+        Some((s, vendor_err)) => fail(local, RcError::from_wc_status(s, vendor_err)),
+        // No completion came, not even a flush: the device may still own
+        // the buffer. It stays with the connection until the QP is gone.
+        None => {
+            io.keep_until_destroyed(local);
+            Err(OneSidedError { op: op.name(), buf: None, source: RcError::Flushed })
+        }
     }
 }
 

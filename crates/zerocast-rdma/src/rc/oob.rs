@@ -24,23 +24,23 @@ const MAGIC: &[u8; 4] = b"ZCOB";
 /// A listener's answer instead of its [`OobInfo`] when its shared receive
 /// queue has no share left.
 const REFUSED: &[u8; 4] = b"ZCRF";
-const INFO_LEN: usize = 4 + 24 + 4 + 4 + 2 + 16 + 4 + 8;
+pub(super) const INFO_LEN: usize = 4 + 24 + 4 + 4 + 2 + 16 + 4 + 8;
 
 /// What each side tells the other over the side channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct OobInfo {
-    hello: Hello,
-    qpn: u32,
-    psn: u32,
-    lid: u16,
-    gid: [u8; 16],
+pub(super) struct OobInfo {
+    pub(super) hello: Hello,
+    pub(super) qpn: u32,
+    pub(super) psn: u32,
+    pub(super) lid: u16,
+    pub(super) gid: [u8; 16],
     /// Exposed region (none yet: zero).
-    rkey: u32,
-    addr: u64,
+    pub(super) rkey: u32,
+    pub(super) addr: u64,
 }
 
 impl OobInfo {
-    fn encode(&self) -> [u8; INFO_LEN] {
+    pub(super) fn encode(&self) -> [u8; INFO_LEN] {
         let mut b = [0u8; INFO_LEN];
         b[..4].copy_from_slice(MAGIC);
         b[4..28].copy_from_slice(&self.hello.encode());
@@ -53,7 +53,7 @@ impl OobInfo {
         b
     }
 
-    fn decode(b: &[u8; INFO_LEN]) -> Result<Self, ConnError> {
+    pub(super) fn decode(b: &[u8; INFO_LEN]) -> Result<Self, ConnError> {
         if &b[..4] != MAGIC {
             return Err(ConnError::Handshake(zerocast_core::HandshakeError::NotHello));
         }
@@ -117,16 +117,16 @@ fn zeroed_attr() -> ibv_qp_attr {
     unsafe { std::mem::zeroed() }
 }
 
-struct Local {
-    qp_port: u8,
+pub(super) struct Local {
+    pub(super) qp_port: u8,
     gid_index: u8,
-    gid: [u8; 16],
-    lid: u16,
+    pub(super) gid: [u8; 16],
+    pub(super) lid: u16,
     mtu: u32,
     ethernet: bool,
 }
 
-fn local_port(t: &RcTransport, ep: &Endpoint) -> Result<Local, RcError> {
+pub(super) fn local_port(t: &RcTransport, ep: &Endpoint) -> Result<Local, RcError> {
     let dev = &t.inner.device;
     let port = dev.port();
     let attr = dev.port_attr().map_err(|e| RcError::Config(e.to_string()))?;
@@ -151,7 +151,7 @@ fn local_port(t: &RcTransport, ep: &Endpoint) -> Result<Local, RcError> {
     })
 }
 
-fn to_init(qp: &QueuePair, port: u8) -> Result<(), RcError> {
+pub(super) fn to_init(qp: &QueuePair, port: u8) -> Result<(), RcError> {
     let mut a = zeroed_attr();
     a.qp_state = ibv_qp_state::IBV_QPS_INIT;
     a.pkey_index = 0;
@@ -164,7 +164,7 @@ fn to_init(qp: &QueuePair, port: u8) -> Result<(), RcError> {
         .map_err(|e| RcError::verbs("ibv_modify_qp(INIT)", e))
 }
 
-fn to_rtr_rts(
+pub(super) fn to_rtr_rts(
     t: &RcTransport,
     qp: &QueuePair,
     local: &Local,
@@ -211,7 +211,7 @@ fn to_rtr_rts(
     qp.modify(&mut a, mask).map_err(|e| RcError::verbs("ibv_modify_qp(RTS)", e))
 }
 
-fn random_psn() -> u32 {
+pub(super) fn random_psn() -> u32 {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(1);
     (nanos ^ std::process::id().rotate_left(8)) & 0x00ff_ffff
 }

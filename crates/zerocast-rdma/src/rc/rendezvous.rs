@@ -3,10 +3,14 @@
 //! A data frame whose payload is larger than the peer's receive buffers
 //! (its `Hello::recv_buf_size`) is not sent. The sender instead:
 //!
-//! 1. keeps the payload's pool buffer in its outbound queue, oldest first;
+//! 1. registers exactly the payload's bytes for remote READ, a *grant*
+//!    (pool regions themselves carry no remote access), and keeps the
+//!    payload's pool buffer with its grant in its outbound queue, oldest
+//!    first;
 //! 2. sends a `Rendezvous` frame whose 16-byte payload is a [`Descriptor`]
-//!    (address, rkey and length of that buffer). The frame carries the data
-//!    frame's sequence number and returned credits, and consumes its credit.
+//!    (address and length of the payload, the grant's rkey). The frame
+//!    carries the data frame's sequence number and returned credits, and
+//!    consumes its credit.
 //!
 //! The receiver, in frame order:
 //!
@@ -17,8 +21,12 @@
 //! 5. delivers the read buffer as the data frame. Its release reposts a
 //!    receive buffer and returns the credit, as for any message.
 //!
-//! On the finish, the sender drops the oldest buffer of its outbound queue:
-//! a READ never races the buffer's reuse.
+//! On the finish, the sender revokes the oldest grant (deregisters it) and
+//! then drops its buffer: a READ never races the buffer's reuse, and the
+//! rkey the peer was given reaches nothing once the finish arrived (or the
+//! connection ended, which revokes every grant). A peer can therefore
+//! read only the bytes of a message sent to it, only until it finishes
+//! it, and write none of our memory.
 //!
 //! Finishes are outside the credit window and need no credit. A side has at
 //! most [`MAX_PENDING`] rendezvous unfinished (its sender waits for a
@@ -37,6 +45,7 @@ use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
 use zerocast_link::Driver;
 use zerocast_mem::{Buf, Wait};
 
+use crate::mr::{Access, MemoryRegion};
 use crate::rc::engine::Io;
 use crate::rc::RcError;
 use crate::verbs::HeaderSlab;
@@ -71,10 +80,11 @@ pub(crate) struct Descriptor {
 }
 
 impl Descriptor {
-    pub(crate) fn of(buf: &Buf) -> Self {
+    /// The descriptor of `buf`'s payload, readable through `grant`.
+    pub(crate) fn of(buf: &Buf, grant: &MemoryRegion) -> Self {
         // A payload fits in u32: the link caps messages at `LinkConfig`'s
         // `max_payload`, which is at most `u32::MAX`.
-        Self { addr: buf.addr(), rkey: buf.keys().rkey, len: buf.len() as u32 }
+        Self { addr: buf.addr(), rkey: grant.keys().rkey, len: buf.len() as u32 }
     }
 
     pub(crate) fn encode(&self) -> [u8; DESC_LEN] {
@@ -101,6 +111,30 @@ impl Descriptor {
         }
         Ok(d)
     }
+}
+
+/// Register exactly the payload of `buf` (its `len()` bytes) for the
+/// peer's RDMA READ: the rkey of the result reaches nothing else, and
+/// nothing once it is dropped.
+pub(crate) fn grant(io: &Io, buf: &Buf) -> Result<MemoryRegion, RcError> {
+    let addr =
+        std::ptr::NonNull::new(buf.addr() as *mut u8).ok_or(RcError::Config("null pool buffer".into()))?;
+    // SAFETY: `buf` is a live pool buffer, mapped and in place while it
+    // lives; every grant is dropped before its buffer (`Lent` drops the
+    // grant first, and `post_batch` drops unposted grants before its
+    // frames). Remote READ only: the device never writes the memory, so
+    // the `&Buf` readers the application may hold see no writer.
+    unsafe { MemoryRegion::register(io.qp().pd(), addr, buf.len(), Access::RemoteRead) }
+        .map_err(|source| RcError::Register { what: "a rendezvous payload", source })
+}
+
+/// A payload lent to the peer until its finish. Field order is drop order:
+/// the grant is revoked before the buffer goes back to the pool.
+#[derive(Debug)]
+#[expect(dead_code, reason = "held for their drop order, never read")]
+pub(crate) struct Lent {
+    pub(crate) grant: MemoryRegion,
+    pub(crate) buf: Buf,
 }
 
 /// A received frame, in sequence order, on its way to the link.
@@ -130,8 +164,8 @@ struct Inbound {
 /// A connection's rendezvous state, both directions.
 #[derive(Debug)]
 pub(crate) struct Rendezvous {
-    /// Our payloads the peer reads, oldest first.
-    outbound: Mutex<VecDeque<Buf>>,
+    /// Our payloads the peer reads, with their grants, oldest first.
+    outbound: Mutex<VecDeque<Lent>>,
     outbound_cv: Condvar,
     inbound: Mutex<Inbound>,
     /// Frames are held behind a rendezvous: `inbound` has a READ active or
@@ -197,18 +231,20 @@ impl Rendezvous {
         }
     }
 
-    /// Keep `buf` until the peer's finish for it (called in post order).
-    pub(crate) fn push_outbound(&self, buf: Buf) {
-        lock(&self.outbound).push_back(buf);
+    /// Keep a payload and its grant until the peer's finish for it
+    /// (called in post order).
+    pub(crate) fn push_outbound(&self, lent: Lent) {
+        lock(&self.outbound).push_back(lent);
     }
 
-    /// The peer finished reading our oldest payload: release it.
+    /// The peer finished reading our oldest payload: revoke its grant, then
+    /// release it (outside the lock: deregistering is a system call).
     pub(crate) fn on_finish(&self) -> Result<(), RcError> {
-        let buf = lock(&self.outbound).pop_front();
+        let lent = lock(&self.outbound).pop_front();
         self.outbound_cv.notify_all();
-        match buf {
-            Some(b) => {
-                drop(b);
+        match lent {
+            Some(lent) => {
+                drop(lent);
                 Ok(())
             }
             None => Err(RcError::BadFrame("rendezvous finish with no rendezvous pending".into())),
@@ -231,11 +267,19 @@ impl Rendezvous {
         st.active.is_none() && st.finishes == 0
     }
 
-    /// The connection is over: release every buffer held here.
-    pub(crate) fn clear(&self) {
-        lock(&self.outbound).clear();
+    /// The connection is over: revoke every grant and release what is held
+    /// here. With `flushed`, every work request of the QP has completed;
+    /// without, a READ may still be in the device's hands, so its target
+    /// buffer stays here until the connection's `Io` drops, after its QP
+    /// is destroyed. Grants are revoked either way: a revoked grant reaches
+    /// nothing, so its buffer may go back to the pool.
+    pub(crate) fn clear(&self, flushed: bool) {
+        let lent = std::mem::take(&mut *lock(&self.outbound));
+        drop(lent);
         let mut st = lock(&self.inbound);
-        st.active = None;
+        if flushed {
+            st.active = None;
+        }
         st.held.clear();
         self.holding.store(false, Ordering::Relaxed);
         self.outbound_cv.notify_all();

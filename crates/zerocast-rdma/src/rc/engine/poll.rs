@@ -208,13 +208,17 @@ impl Source for RcSource {
 /// The poller thread: polls whenever no application thread does, until
 /// the connection is closed and every posted request has completed.
 pub(super) fn poller(io: &Io, driver: &Driver) {
-    poll_until_drained(io, driver);
-    // The QP is in the error state and flushed: no READ can reach a
-    // buffer held for rendezvous any more.
-    io.rendezvous.clear();
+    let flushed = poll_until_drained(io, driver);
+    // Revoke every grant of ours. With the QP flushed, no READ of ours
+    // can reach a buffer any more either; without, a READ's target stays
+    // held until the QP is destroyed.
+    io.rendezvous.clear(flushed);
 }
 
-fn poll_until_drained(io: &Io, driver: &Driver) {
+/// Poll until the connection is over and every posted request has
+/// completed (`true`), or until the flushes of a closed connection failed
+/// to come (`false`).
+fn poll_until_drained(io: &Io, driver: &Driver) -> bool {
     let mut aside = StepAside::new();
     let mut idle_since: Option<Instant> = None;
     loop {
@@ -222,7 +226,7 @@ fn poll_until_drained(io: &Io, driver: &Driver) {
             continue;
         }
         match driver.try_pump(None) {
-            Some(Pumped::Done) => return,
+            Some(Pumped::Done) => return true,
             Some(Pumped::Frames) => {
                 idle_since = None;
                 continue;
@@ -241,7 +245,7 @@ fn poll_until_drained(io: &Io, driver: &Driver) {
                 "RC connection: flush completions missing after close; giving up on them"
             );
             io.one_sided.abandon();
-            return;
+            return false;
         }
         if io.busy_poll || !io.cq.has_channel() {
             if idle.elapsed() > BUSY_SPIN {

@@ -8,6 +8,7 @@
 //! tagged frames — with selective signalling, and the ring of sends in
 //! flight that holds each payload until its completion.
 
+use std::collections::VecDeque;
 use std::ptr;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
@@ -19,7 +20,8 @@ use zerocast_mem::Buf;
 
 use super::completion::short_immediate;
 use super::{lock, Io};
-use crate::rc::rendezvous::{Descriptor, DESC_LEN};
+use crate::mr::MemoryRegion;
+use crate::rc::rendezvous::{self, Descriptor, Lent, DESC_LEN, MAX_PENDING};
 use crate::rc::RcError;
 use crate::send_ring::{Reserved, SendRing};
 
@@ -62,6 +64,9 @@ struct Scratch {
     sges: Vec<[ibv_sge; 2]>,
     reserved: Vec<Reserved>,
     inline: Vec<bool>,
+    /// The grants of the batch's rendezvous payloads, in frame order (at
+    /// most `MAX_PENDING` per batch).
+    grants: VecDeque<MemoryRegion>,
 }
 
 // SAFETY: the raw pointers in `wrs` point into `sges` and registered
@@ -76,6 +81,7 @@ impl Scratch {
             sges: Vec::with_capacity(max_chain),
             reserved: Vec::with_capacity(max_chain),
             inline: Vec::with_capacity(max_chain),
+            grants: VecDeque::with_capacity(MAX_PENDING),
         }
     }
 }
@@ -170,12 +176,22 @@ fn wait_send<'a>(io: &'a Io, mut t: MutexGuard<'a, SendTable>) -> MutexGuard<'a,
 /// disconnects, or a credit frame, which may follow it). A lone small
 /// message, copied inline, goes unsignalled, as `ib_send_lat` sends: no
 /// completion for the device to write or for a receiving thread to poll.
+///
+/// Grants not handed to the rendezvous queue (a batch not posted) are
+/// revoked before this returns, so the link may recycle those payloads.
 fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(), RcError> {
-    let Scratch { wrs, sges, reserved, inline } = scratch;
+    let result = post_chain(io, batch, scratch);
+    scratch.grants.clear();
+    result
+}
+
+fn post_chain(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(), RcError> {
+    let Scratch { wrs, sges, reserved, inline, grants } = scratch;
     wrs.clear();
     sges.clear();
     reserved.clear();
     inline.clear();
+    grants.clear();
     let n = batch.len();
     if n == 0 {
         return Ok(());
@@ -187,6 +203,12 @@ fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
         let inl = is_inline(f, large, max_inline);
         inline.push(inl);
         signal_last |= wants_signal(f, large, inl);
+        // Each rendezvous payload gets a grant of its own bytes before
+        // anything is reserved: a failed registration fails the connection
+        // with nothing posted (and the grants so far revoked).
+        if let Some(b) = f.payload.as_ref().filter(|_| large) {
+            grants.push_back(rendezvous::grant(io, b)?);
+        }
     }
     // Take a slot per frame first, waiting while the send queue is full.
     {
@@ -208,6 +230,7 @@ fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
             }
         }
     }
+    let mut large_seen = 0;
     for (i, frame) in batch.iter().enumerate() {
         let r = reserved[i];
         let large = by_rendezvous(io, frame);
@@ -225,7 +248,10 @@ fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
         let mut pair = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 2];
         let wr = match &frame.payload {
             Some(b) if large => {
-                io.send_desc.write(r.slot, &Descriptor::of(b).encode());
+                // Grants are in frame order, one per rendezvous frame.
+                let grant = &grants[large_seen];
+                large_seen += 1;
+                io.send_desc.write(r.slot, &Descriptor::of(b, grant).encode());
                 let h = &frame.header;
                 let header = Header::new(FrameKind::Rendezvous, h.credits, h.seq, DESC_LEN as u64);
                 io.send_hdr.write(r.slot, &header.encode());
@@ -254,8 +280,8 @@ fn post_batch(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
     // A rendezvous payload waits for the peer's finish, queued in post
     // order before the post, so that finish always finds it.
     for frame in batch.iter_mut().filter(|f| by_rendezvous(io, f)) {
-        if let Some(b) = frame.payload.take() {
-            io.rendezvous.push_outbound(b);
+        if let (Some(buf), Some(grant)) = (frame.payload.take(), grants.pop_front()) {
+            io.rendezvous.push_outbound(Lent { grant, buf });
         }
     }
     // Posted under the ring's lock, so no completion of this chain is

@@ -59,8 +59,8 @@ impl Scheme {
         match self {
             Scheme::Tcp => &["window", "heartbeat_ms"],
             Scheme::Rc | Scheme::RcOob => &["window", "heartbeat_ms", "dev", "gid_index", "srq", "srq_limit"],
-            Scheme::Ud => &["iface", "dev"],
-            Scheme::Mcast => &["iface", "dev", "ttl", "loop"],
+            Scheme::Ud => &["iface", "dev", "max_sources"],
+            Scheme::Mcast => &["iface", "dev", "ttl", "loop", "max_sources"],
             Scheme::Mem => &["window", "heartbeat_ms"],
             Scheme::Auto => &["window", "heartbeat_ms"],
         }

@@ -8,6 +8,7 @@
 //! - [`handshake`]: the hello each side sends before data flows;
 //! - [`uri`]: endpoint URIs and the ordered transport fallback list;
 //! - [`seq`]: per-sender datagram accounting (received, lost, reordered);
+//! - [`sources`]: the bounded per-source table datagram sockets keep it in;
 //! - [`transport`]: the traits backends implement;
 //! - [`error`]: errors shared by every transport; failed sends hand the buffer back.
 //!
@@ -25,6 +26,7 @@ pub mod frame;
 pub mod fuzzing;
 pub mod handshake;
 pub mod seq;
+pub mod sources;
 pub mod transport;
 pub mod uri;
 
@@ -36,5 +38,6 @@ pub use frame::{
 };
 pub use handshake::{HandshakeError, Hello};
 pub use seq::{Arrival, SeqStats, SeqTracker};
+pub use sources::{SourceTable, DEFAULT_MAX_SOURCES};
 pub use transport::{Caps, Connection, Datagram, Listener, Transport, TxBuffer};
 pub use uri::{Endpoint, Scheme, TransportList, UriError};

@@ -59,8 +59,8 @@ impl Scheme {
         match self {
             Scheme::Tcp => &["window", "heartbeat_ms"],
             Scheme::Rc | Scheme::RcOob => &["window", "heartbeat_ms", "dev", "gid_index", "srq", "srq_limit"],
-            Scheme::Ud => &["iface", "dev"],
-            Scheme::Mcast => &["iface", "dev", "ttl", "loop"],
+            Scheme::Ud => &["iface", "dev", "max_sources"],
+            Scheme::Mcast => &["iface", "dev", "ttl", "loop", "max_sources"],
             Scheme::Mem => &["window", "heartbeat_ms"],
             Scheme::Auto => &["window", "heartbeat_ms"],
         }
@@ -327,6 +327,10 @@ mod tests {
         assert!(matches!(Endpoint::parse("tcp://:80"), Err(UriError::MissingHost(_))));
         assert!(matches!(Endpoint::parse("mem://"), Err(UriError::MissingHost(_))));
         assert!(matches!(Endpoint::parse("tcp://a:1?iface=x"), Err(UriError::UnknownParam { .. })));
+        assert!(matches!(Endpoint::parse("tcp://a:1?max_sources=8"), Err(UriError::UnknownParam { .. })));
+        let d = Endpoint::parse("ud://a:1?max_sources=8").unwrap();
+        assert_eq!(d.param_as::<usize>("max_sources").unwrap(), Some(8));
+        assert!(Endpoint::parse("mcast://239.1.2.3:1?max_sources=8").is_ok());
         assert!(matches!(Endpoint::parse("tcp://a:1?window"), Err(UriError::BadParam(_))));
         let e = Endpoint::parse("tcp://a:1?window=x").unwrap();
         assert!(matches!(e.param_as::<u32>("window"), Err(UriError::BadValue { .. })));

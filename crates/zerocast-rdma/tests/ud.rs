@@ -206,6 +206,61 @@ fn overrun_receiver_counts_every_loss_and_nothing_hangs() {
 
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn source_cap_evicts_idle_sources_with_their_address_handles() {
+    const CAP: u64 = 4;
+    const SENDERS: usize = 16;
+    let t = transport();
+    let rx = t.bind(&ep(&format!("ud://{}:0?max_sources={CAP}", addr()))).expect("rx");
+    let active = bind(&t);
+    let senders: Vec<UdSocket> = (0..SENDERS).map(|_| bind(&t)).collect();
+    let to = rx.local_addr();
+    for (i, s) in senders.iter().enumerate() {
+        // The active source sends between every two new ones: CLOCK keeps it.
+        send(&active, &to, b"active");
+        let (d, from) = rx.recv_from(soon()).expect("the active source's datagram");
+        assert_eq!((&*d, from), (&b"active"[..], active.local_addr()));
+        drop(d);
+        send(s, &to, &(i as u32).to_le_bytes());
+        let (d, from) = rx.recv_from(soon()).expect("a new source's datagram arrives");
+        assert_eq!((&d[..], from), (&(i as u32).to_le_bytes()[..], s.local_addr()));
+        drop(d);
+        // A reply over the route learned from it: still in flight, maybe,
+        // when the next new source evicts that route. The send holds the
+        // address handle until its completion is polled.
+        send(&rx, &from, b"reply");
+        let st = rx.stats();
+        assert!(st.sources_tracked <= CAP, "{st:?}");
+        assert!(st.address_handles <= CAP, "learned routes leave with their sources: {st:?}");
+    }
+    let st = rx.stats();
+    let distinct = SENDERS as u64 + 1;
+    assert_eq!((st.received, st.dropped_malformed), (2 * SENDERS as u64, 0));
+    assert_eq!(
+        (st.sources_tracked, st.sources_evicted, st.address_handles),
+        (CAP, distinct - CAP, CAP),
+        "{st:?}"
+    );
+    let mine = rx.source_stats(&active.local_addr()).expect("the active source is kept");
+    assert_eq!((mine.received, mine.lost, mine.duplicates, mine.restarts), (SENDERS as u64, 0, 0, 0));
+    assert!(rx.source_stats(&senders[0].local_addr()).is_none(), "the first new source was evicted");
+    assert!(rx.source_stats(&senders[SENDERS - 1].local_addr()).is_some());
+    assert_eq!(rx.sources().len() as u64, CAP);
+    // Every reply completes, those whose route was evicted in flight too,
+    // and arrives.
+    assert!(rx.flush(Duration::from_secs(10)), "every reply completed");
+    for s in &senders {
+        let (d, from) = s.recv_from(soon()).expect("the reply arrives");
+        assert_eq!((&*d, from), (&b"reply"[..], to));
+    }
+    // A source whose route was evicted is resolved again for a send.
+    send(&rx, &senders[0].local_addr(), b"again");
+    assert_eq!(&*senders[0].recv_from(soon()).expect("after eviction").0, b"again");
+    assert!(rx.flush(Duration::from_secs(10)));
+    assert_eq!(rx.stats().sent, SENDERS as u64 + 1);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
 fn one_socket_joins_several_groups_up_to_its_limit() {
     let t = transport();
     let cfg = UdConfig::default().with_max_groups(3);

@@ -20,6 +20,7 @@
 //! # What it does
 //!
 //! - `ud://host:port` ([`UdpSocket::bind`]): a unicast socket; port 0 picks one.
+//! - `?max_sources=N` on either: the most sources tracked (see below).
 //! - `mcast://group:port?iface=addr&ttl=N&loop=0|1` ([`UdpSocket::multicast`]):
 //!   binds `group:port` with `SO_REUSEADDR` and `SO_REUSEPORT`, so several
 //!   processes on one host can be members, and joins the group on `iface`.
@@ -55,7 +56,11 @@
 //! network) and reordered: **unreliable and unordered**. The receiver
 //! counts, per source, datagrams received, lost (gaps in the sequence) and
 //! reordered ([`UdpSocket::source_stats`], through
-//! [`zerocast_core::SeqTracker`]); nothing repairs them. A payload is at
+//! [`zerocast_core::SeqTracker`]); nothing repairs them. That accounting is
+//! kept for at most [`UdpConfig::max_sources`] sources (`?max_sources=N`,
+//! default 4096): a new source beyond them replaces an idle one, so source
+//! addresses from the network (spoofed ports, say) cannot grow the
+//! socket's memory ([`UdpStats::sources_evicted`] counts them). A payload is at
 //! most [`UdpConfig::max_datagram`] bytes.
 //!
 //! # Memory
@@ -82,7 +87,10 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
-use zerocast_core::{Caps, ConnError, Datagram, Endpoint, RecvError, SeqStats, SeqTracker, HEADER_LEN};
+use zerocast_core::{
+    Caps, ConnError, Datagram, Endpoint, RecvError, SeqStats, SeqTracker, SourceTable, DEFAULT_MAX_SOURCES,
+    HEADER_LEN,
+};
 use zerocast_mem::{Buf, Pool, PoolError, Wait};
 
 pub use datagram::RecvDatagram;
@@ -118,6 +126,13 @@ pub struct UdpConfig {
     /// Whether this host's own members receive what this socket sends to a
     /// group (default `true`); the `loop=` endpoint parameter overrides it.
     pub multicast_loop: bool,
+    /// Most sources whose sequence accounting the socket keeps (default
+    /// [`DEFAULT_MAX_SOURCES`] = 4096; at least 1); the `max_sources=`
+    /// endpoint parameter overrides it. A new source beyond it replaces an
+    /// idle one (CLOCK, see [`SourceTable`]), counted in
+    /// [`UdpStats::sources_evicted`]; a flood from many source addresses
+    /// cannot grow the socket's memory.
+    pub max_sources: usize,
 }
 
 impl Default for UdpConfig {
@@ -128,6 +143,7 @@ impl Default for UdpConfig {
             send_buffer: None,
             multicast_ttl: 1,
             multicast_loop: true,
+            max_sources: DEFAULT_MAX_SOURCES,
         }
     }
 }
@@ -140,6 +156,13 @@ impl UdpConfig {
         self
     }
 
+    /// Replace [`max_sources`](Self::max_sources).
+    #[must_use]
+    pub fn with_max_sources(mut self, max_sources: usize) -> Self {
+        self.max_sources = max_sources;
+        self
+    }
+
     /// Check the configuration against the pool it will receive into.
     pub fn validate(&self, pool: &Pool) -> Result<(), UdpError> {
         let bad = |m: String| Err(UdpError::Config(m));
@@ -148,6 +171,9 @@ impl UdpConfig {
         }
         if self.multicast_ttl > 255 {
             return bad(format!("multicast_ttl {} is outside 0..=255", self.multicast_ttl));
+        }
+        if self.max_sources == 0 {
+            return bad("max_sources is 0; a socket must track at least one source".to_owned());
         }
         let need = rx_len(self.max_datagram);
         if pool.class_for(need).is_none() {
@@ -180,6 +206,12 @@ pub struct UdpStats {
     /// Datagrams dropped because they were not zerocast datagrams (bad
     /// header, wrong length, too long).
     pub dropped_malformed: u64,
+    /// Sources whose sequence accounting is kept now (at most
+    /// [`UdpConfig::max_sources`]).
+    pub sources_tracked: u64,
+    /// Sources whose accounting was dropped to make room for a new one. An
+    /// evicted source that sends again starts afresh.
+    pub sources_evicted: u64,
 }
 
 #[derive(Debug, Default)]
@@ -202,8 +234,8 @@ pub struct UdpSocket {
     max_datagram: usize,
     /// The next sequence number per destination.
     seqs: Mutex<HashMap<SocketAddr, u32>>,
-    /// Sequence accounting per source.
-    sources: Mutex<HashMap<SocketAddr, SeqTracker>>,
+    /// Sequence accounting per source, at most `max_sources` of them.
+    sources: Mutex<SourceTable<SocketAddr, SeqTracker>>,
     gate: RecvGate,
     counters: Counters,
 }
@@ -276,7 +308,7 @@ impl UdpSocket {
             iface: plan.iface,
             max_datagram: cfg.max_datagram,
             seqs: Mutex::new(HashMap::new()),
-            sources: Mutex::new(HashMap::new()),
+            sources: Mutex::new(SourceTable::new(plan.max_sources)),
             gate: RecvGate::default(),
             counters: Counters::default(),
         })
@@ -441,7 +473,7 @@ impl UdpSocket {
             match datagram::check(&buf.spare_capacity()[..n], self.max_datagram) {
                 Ok(h) => {
                     buf.set_len(n);
-                    lock(&self.sources).entry(from).or_default().on_arrival(h.seq);
+                    lock(&self.sources).touch(from, SeqTracker::default).0.on_arrival(h.seq);
                     self.counters.received.fetch_add(1, Relaxed);
                     return Ok((RecvDatagram::new(buf, h.seq), from));
                 }
@@ -514,17 +546,24 @@ impl UdpSocket {
         lock(&self.sources).get(from).map(SeqTracker::stats)
     }
 
-    /// Every source seen, with its counts.
+    /// Every source tracked, with its counts: at most
+    /// [`UdpConfig::max_sources`], the recently active ones.
     pub fn sources(&self) -> Vec<(SocketAddr, SeqStats)> {
         lock(&self.sources).iter().map(|(a, t)| (*a, t.stats())).collect()
     }
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> UdpStats {
+        let (sources_tracked, sources_evicted) = {
+            let t = lock(&self.sources);
+            (t.len() as u64, t.evicted())
+        };
         UdpStats {
             sent: self.counters.sent.load(Relaxed),
             received: self.counters.received.load(Relaxed),
             dropped_malformed: self.counters.dropped_malformed.load(Relaxed),
+            sources_tracked,
+            sources_evicted,
         }
     }
 }

@@ -37,6 +37,13 @@
 //! of received, lost and reordered datagrams ([`UdSocket::source_stats`],
 //! through [`zerocast_core::SeqTracker`]). Nothing is retransmitted.
 //!
+//! Per-source state is bounded: at most [`UdConfig::max_sources`] sources
+//! (`?max_sources=N`, default 4096) keep their counters and the reply
+//! route (address handle) learned from them; a new source beyond that
+//! replaces an idle one, and its learned route goes with it
+//! ([`UdStats::sources_evicted`]). A send in flight keeps its own
+//! reference to the address handle until its completion is polled.
+//!
 //! # Buffers
 //!
 //! On the wire a datagram is its payload, then zerocast's 16-byte header.
@@ -58,11 +65,12 @@ mod socket;
 use std::sync::Arc;
 use std::time::Duration;
 
+use zerocast_core::DEFAULT_MAX_SOURCES;
 use zerocast_mem::{Pool, PoolConfig};
 
 pub use datagram::{grh_source, UdDatagram, GRH_LEN};
 pub use error::UdError;
-pub use socket::{UdSocket, UdStats};
+pub use socket::UdSocket;
 
 use crate::cm::open_cm_device;
 use crate::device::{Device, ProtectionDomain};
@@ -93,6 +101,13 @@ pub struct UdConfig {
     /// Most groups one socket may receive (default and upper bound: the
     /// device's `max_mcast_grp`).
     pub max_groups: Option<u32>,
+    /// Most sources whose sequence accounting (and reply route, with its
+    /// address handle) a socket keeps (default
+    /// [`DEFAULT_MAX_SOURCES`] = 4096; at least 1); the `max_sources=`
+    /// endpoint parameter overrides it. A new source beyond it replaces an
+    /// idle one ([`SourceTable`](zerocast_core::SourceTable), CLOCK),
+    /// counted in [`UdStats::sources_evicted`].
+    pub max_sources: usize,
 }
 
 impl Default for UdConfig {
@@ -105,6 +120,7 @@ impl Default for UdConfig {
             resolve_timeout: Duration::from_secs(20),
             send_timeout: Duration::from_secs(5),
             max_groups: None,
+            max_sources: DEFAULT_MAX_SOURCES,
         }
     }
 }
@@ -140,6 +156,13 @@ impl UdConfig {
         self
     }
 
+    /// Set the most sources a socket tracks.
+    #[must_use]
+    pub fn with_max_sources(mut self, n: usize) -> Self {
+        self.max_sources = n;
+        self
+    }
+
     /// Set the device.
     #[must_use]
     pub fn with_device(mut self, name: Option<String>) -> Self {
@@ -157,8 +180,40 @@ impl UdConfig {
                 )));
             }
         }
+        if self.max_sources == 0 {
+            return Err(UdError::Config(
+                "max_sources is 0; a socket must track at least one source".to_owned(),
+            ));
+        }
         Ok(())
     }
+}
+
+/// A snapshot of a socket's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct UdStats {
+    /// Datagrams posted.
+    pub sent: u64,
+    /// Sends the device completed with an error.
+    pub send_errors: u64,
+    /// Well-formed datagrams handed to the user.
+    pub received: u64,
+    /// Datagrams dropped because they were not zerocast datagrams.
+    pub dropped_malformed: u64,
+    /// Receives the device completed with an error.
+    pub recv_errors: u64,
+    /// Sources whose sequence accounting is kept now (at most
+    /// [`UdConfig::max_sources`]).
+    pub sources_tracked: u64,
+    /// Sources whose accounting, and reply route learned from them, were
+    /// dropped to make room for a new source. An evicted source that sends
+    /// again starts afresh.
+    pub sources_evicted: u64,
+    /// Address handles in the socket's route table: routes to peers it
+    /// sent to, groups, and reply routes learned from tracked sources
+    /// (never more of those than sources tracked).
+    pub address_handles: u64,
 }
 
 struct Inner {

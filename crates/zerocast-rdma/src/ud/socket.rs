@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use rdma_sys::{ibv_gid, ibv_wc};
 use zerocast_core::{
-    Caps, ConnError, Datagram, Endpoint, RecvError, Scheme, SeqStats, SeqTracker, HEADER_LEN,
+    Caps, ConnError, Datagram, Endpoint, RecvError, Scheme, SeqStats, SeqTracker, SourceTable, HEADER_LEN,
 };
 use zerocast_mem::{Buf, Pool, PoolError, Wait};
 
@@ -18,26 +18,10 @@ use super::cm::Cm;
 use super::datagram::{self, grh_source, UdDatagram, GRH_LEN};
 use super::io::{lock, Io, Outgoing, Route, Sizes, CHAIN};
 use super::peers::Peers;
-use super::{UdConfig, UdError, UdTransport, RDMA_UDP_QKEY};
+use super::{UdConfig, UdError, UdStats, UdTransport, RDMA_UDP_QKEY};
 use crate::cm::{context_name, CmId, EventChannel};
 use crate::error::errno_from_rc;
 use crate::verbs::AddressHandle;
-
-/// A snapshot of a socket's counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct UdStats {
-    /// Datagrams posted.
-    pub sent: u64,
-    /// Sends the device completed with an error.
-    pub send_errors: u64,
-    /// Well-formed datagrams handed to the user.
-    pub received: u64,
-    /// Datagrams dropped because they were not zerocast datagrams.
-    pub dropped_malformed: u64,
-    /// Receives the device completed with an error.
-    pub recv_errors: u64,
-}
 
 /// Where datagrams to one destination go, and their next sequence number.
 struct Dest {
@@ -45,6 +29,9 @@ struct Dest {
     qpn: u32,
     qkey: u32,
     seq: u32,
+    /// Built from a received datagram (a reply route), not resolved: it
+    /// leaves with its source when the source table evicts that.
+    learned: bool,
 }
 
 impl Dest {
@@ -81,7 +68,8 @@ pub struct UdSocket {
     cfg: UdConfig,
     dests: Mutex<Peers<Dest>>,
     groups: Mutex<HashMap<IpAddr, Group>>,
-    sources: Mutex<Peers<SeqTracker>>,
+    /// Sequence accounting per source, at most `cfg.max_sources` of them.
+    sources: Mutex<SourceTable<SocketAddr, SeqTracker>>,
     _transport: UdTransport,
 }
 
@@ -106,6 +94,15 @@ fn host_ip(ep: &Endpoint, host: &str) -> Result<IpAddr, UdError> {
     Ok(ip)
 }
 
+/// The config with the endpoint's `max_sources` parameter, if it has one.
+fn with_params(ep: &Endpoint, cfg: UdConfig) -> Result<UdConfig, UdError> {
+    match ep.param_as::<usize>("max_sources").map_err(|e| bad(ep, e.to_string()))? {
+        Some(0) => Err(bad(ep, "max_sources=0 would track no source; use 1 or more (default 4096)")),
+        Some(n) => Ok(cfg.with_max_sources(n)),
+        None => Ok(cfg),
+    }
+}
+
 fn check_dev(t: &UdTransport, ep: &Endpoint) -> Result<(), UdError> {
     match ep.param("dev") {
         Some(d) if d != t.device().name() => {
@@ -125,7 +122,7 @@ pub(super) fn bind(t: &UdTransport, ep: &Endpoint, cfg: UdConfig) -> Result<UdSo
         None => host_ip(ep, ep.host())?,
     };
     let port = ep.port().ok_or_else(|| bad(ep, "no port; write ud://host:port (0 picks one)"))?;
-    UdSocket::open(t, SocketAddr::new(ip, port), cfg)
+    UdSocket::open(t, SocketAddr::new(ip, port), with_params(ep, cfg)?)
 }
 
 pub(super) fn multicast(t: &UdTransport, ep: &Endpoint, cfg: UdConfig) -> Result<UdSocket, UdError> {
@@ -141,7 +138,7 @@ pub(super) fn multicast(t: &UdTransport, ep: &Endpoint, cfg: UdConfig) -> Result
         .param("iface")
         .ok_or_else(|| bad(ep, "RDMA multicast needs `?iface=addr`, the RDMA interface's address"))?;
     let ip = host_ip(ep, iface)?;
-    let sock = UdSocket::open(t, SocketAddr::new(ip, 0), cfg)?;
+    let sock = UdSocket::open(t, SocketAddr::new(ip, 0), with_params(ep, cfg)?)?;
     sock.join(&SocketAddr::new(group, ep.port().unwrap_or(0)))?;
     Ok(sock)
 }
@@ -214,10 +211,10 @@ impl UdSocket {
                 let dev = device.context().attr().max_mcast_grp;
                 cfg.max_groups.map_or(dev, |n| n.min(dev))
             },
-            cfg,
             dests: Mutex::new(Peers::default()),
             groups: Mutex::new(HashMap::new()),
-            sources: Mutex::new(Peers::default()),
+            sources: Mutex::new(SourceTable::new(cfg.max_sources)),
+            cfg,
             _transport: t.clone(),
         })
     }
@@ -369,6 +366,7 @@ impl UdSocket {
             qpn: p.qpn,
             qkey: p.qkey,
             seq: 0,
+            learned: false,
         });
         Ok(())
     }
@@ -428,8 +426,10 @@ impl UdSocket {
                 return Err(UdError::Join { group: ip, reason: format!("ibv_attach_mcast: {e}") });
             }
         }
-        lock(&self.dests)
-            .insert(dest_key(group), Dest { ah: Arc::new(ah), qpn: p.qpn, qkey: p.qkey, seq: 0 });
+        lock(&self.dests).insert(
+            dest_key(group),
+            Dest { ah: Arc::new(ah), qpn: p.qpn, qkey: p.qkey, seq: 0, learned: false },
+        );
         tracing::debug!(local = %self.local, group = %ip, attach, qkey = p.qkey, "ud multicast joined");
         groups.insert(ip, Group { id, addr, mgid, mlid, attached: attach, failed });
         Ok(())
@@ -574,7 +574,15 @@ impl UdSocket {
             }
         };
         let from = SocketAddr::new(ip, h.credits);
-        lock(&self.sources).get_or_insert_with(from, SeqTracker::default).on_arrival(h.seq);
+        let evicted = {
+            let mut sources = lock(&self.sources);
+            let (tracker, evicted) = sources.touch(from, SeqTracker::default);
+            tracker.on_arrival(h.seq);
+            evicted
+        };
+        if let Some((gone, _)) = evicted {
+            self.forget_route(&gone);
+        }
         self.learn_route(from, wc, &grh);
         c.received.fetch_add(1, Relaxed);
         // The header trails the payload: out of sight.
@@ -596,10 +604,24 @@ impl UdSocket {
         }
         match AddressHandle::from_wc(&self.io.pd, wc, grh, self.io.port) {
             Ok(ah) => {
-                dests.insert(from, Dest { ah: Arc::new(ah), qpn: wc.src_qp, qkey: RDMA_UDP_QKEY, seq: 0 });
+                let d = Dest { ah: Arc::new(ah), qpn: wc.src_qp, qkey: RDMA_UDP_QKEY, seq: 0, learned: true };
+                dests.insert(from, d);
             }
             Err(e) => tracing::debug!(%from, error = %e, "cannot build a reply route from a UD completion"),
         }
+    }
+
+    /// Drop the reply route learned from `source`, evicted from the source
+    /// table, so that sources from the network cannot grow the routes
+    /// either. Routes resolved for sends stay. A send in flight on the
+    /// route holds its own `Arc` of the address handle (in the send ring,
+    /// until its completion is polled), so the handle is destroyed only
+    /// once no send uses it; a later send to `source` resolves it again.
+    fn forget_route(&self, source: &SocketAddr) {
+        let mut dests = lock(&self.dests);
+        let gone = if dests.get(source).is_some_and(|d| d.learned) { dests.remove(source) } else { None };
+        drop(dests);
+        drop(gone);
     }
 
     /// Wait until every datagram posted so far has completed at this end
@@ -665,12 +687,19 @@ impl UdSocket {
     /// A snapshot of the counters.
     pub fn stats(&self) -> UdStats {
         let c = &self.io.counters;
+        let (sources_tracked, sources_evicted) = {
+            let t = lock(&self.sources);
+            (t.len() as u64, t.evicted())
+        };
         UdStats {
             sent: c.sent.load(Relaxed),
             send_errors: c.send_errors.load(Relaxed),
             received: c.received.load(Relaxed),
             dropped_malformed: c.dropped_malformed.load(Relaxed),
             recv_errors: c.recv_errors.load(Relaxed),
+            sources_tracked,
+            sources_evicted,
+            address_handles: lock(&self.dests).len() as u64,
         }
     }
 
@@ -679,7 +708,8 @@ impl UdSocket {
         lock(&self.sources).get(from).map(SeqTracker::stats)
     }
 
-    /// Every source seen, with its counts.
+    /// Every source tracked, with its counts: at most
+    /// [`UdConfig::max_sources`], the recently active ones.
     pub fn sources(&self) -> Vec<(SocketAddr, SeqStats)> {
         lock(&self.sources).iter().map(|(a, t)| (*a, t.stats())).collect()
     }

@@ -38,6 +38,8 @@ pub(super) struct Plan {
     pub(super) group: Option<IpAddr>,
     pub(super) ttl: u32,
     pub(super) mcast_loop: bool,
+    /// Most sources tracked.
+    pub(super) max_sources: usize,
 }
 
 fn bad(ep: &Endpoint, reason: impl Into<String>) -> UdpError {
@@ -70,7 +72,8 @@ pub(super) fn unicast(ep: &Endpoint, cfg: &UdpConfig) -> Result<Plan, UdpError> 
         _ => Ipv4Addr::LOCALHOST,
     };
     let iface = iface(ep, &bind, default_v4)?;
-    Ok(Plan { bind, iface, group: None, ttl: cfg.multicast_ttl, mcast_loop: cfg.multicast_loop })
+    let max_sources = max_sources(ep, cfg)?;
+    Ok(Plan { bind, iface, group: None, ttl: cfg.multicast_ttl, mcast_loop: cfg.multicast_loop, max_sources })
 }
 
 /// `mcast://group:port[?iface=…&ttl=N&loop=0|1]`.
@@ -113,7 +116,18 @@ pub(super) fn multicast(ep: &Endpoint, cfg: &UdpConfig) -> Result<Plan, UdpError
         Some("0" | "false") => false,
         Some(v) => return Err(bad(ep, format!("loop={v} is not a flag; use loop=0 or loop=1"))),
     };
-    Ok(Plan { bind, iface, group: Some(group), ttl, mcast_loop })
+    let max_sources = max_sources(ep, cfg)?;
+    Ok(Plan { bind, iface, group: Some(group), ttl, mcast_loop, max_sources })
+}
+
+/// The `max_sources` parameter, else the config's.
+fn max_sources(ep: &Endpoint, cfg: &UdpConfig) -> Result<usize, UdpError> {
+    let n =
+        ep.param_as::<usize>("max_sources").map_err(|e| bad(ep, e.to_string()))?.unwrap_or(cfg.max_sources);
+    if n == 0 {
+        return Err(bad(ep, "max_sources=0 would track no source; use 1 or more (default 4096)"));
+    }
+    Ok(n)
 }
 
 /// The `iface` parameter: an IPv4 address for IPv4, an interface index for IPv6.
@@ -164,6 +178,18 @@ mod tests {
         let p = unicast(&ep("ud://[::1]:7?iface=1"), &cfg).unwrap();
         assert_eq!((p.bind, p.iface), ("[::1]:7".parse().unwrap(), Iface::V6(Some(1))));
         assert_eq!(unicast(&ep("ud://localhost:5"), &cfg).unwrap().bind.port(), 5);
+    }
+
+    #[test]
+    fn max_sources_from_the_endpoint_or_the_config() {
+        let cfg = UdpConfig::default();
+        assert_eq!(unicast(&ep("ud://127.0.0.1:0"), &cfg).unwrap().max_sources, 4096);
+        let small = UdpConfig::default().with_max_sources(8);
+        assert_eq!(unicast(&ep("ud://127.0.0.1:0"), &small).unwrap().max_sources, 8);
+        assert_eq!(unicast(&ep("ud://127.0.0.1:0?max_sources=16"), &small).unwrap().max_sources, 16);
+        assert_eq!(multicast(&ep("mcast://239.1.2.3:5000?max_sources=3"), &cfg).unwrap().max_sources, 3);
+        assert!(reason(unicast(&ep("ud://127.0.0.1:0?max_sources=0"), &cfg)).contains("1 or more"));
+        assert!(reason(multicast(&ep("mcast://239.1.2.3:5000?max_sources=x"), &cfg)).contains("max_sources"));
     }
 
     #[test]

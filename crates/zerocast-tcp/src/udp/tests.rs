@@ -75,8 +75,8 @@ fn round_trip_and_seq_and_stats() {
     assert_eq!(d.seq(), 3);
     drop(d);
     assert!(matches!(b.recv_from(soon(30)), Err(RecvError::Timeout)));
-    assert_eq!(a.stats(), UdpStats { sent: 4, received: 0, dropped_malformed: 0 });
-    assert_eq!(b.stats(), UdpStats { sent: 0, received: 4, dropped_malformed: 0 });
+    assert_eq!(a.stats(), UdpStats { sent: 4, ..UdpStats::default() });
+    assert_eq!(b.stats(), UdpStats { received: 4, sources_tracked: 1, ..UdpStats::default() });
     assert!(format!("{b:?}").contains("received: 4"));
     assert_eq!(b.pool().stats().buffers_in_use, 0);
 }
@@ -138,4 +138,32 @@ fn sequence_numbers_count_per_destination_and_sources_are_tracked() {
     assert_eq!((st.received, st.lost, st.reordered), (2, 0, 0));
     assert_eq!(b.sources().len(), 1);
     assert!(b.source_stats(&c.local_addr()).is_none());
+}
+
+#[test]
+fn sources_beyond_the_cap_evict_idle_ones_and_are_counted() {
+    let rx = socket(UdpConfig::default().with_max_sources(2));
+    let senders: Vec<UdpSocket> = (0..4).map(|_| socket(UdpConfig::default())).collect();
+    let send = |s: &UdpSocket| {
+        let buf = s.alloc(1, None).unwrap();
+        s.send_to(buf, &rx.local_addr()).map_err(|(_, e)| e).unwrap();
+        rx.recv_from(soon(2000)).unwrap();
+    };
+    // 0 is seen twice (a second chance); 1 once. 2 evicts 1, 3 evicts 2.
+    send(&senders[0]);
+    send(&senders[0]);
+    send(&senders[1]);
+    for s in &senders[2..] {
+        send(s);
+        send(&senders[0]);
+    }
+    let st = rx.stats();
+    assert_eq!((st.received, st.sources_tracked, st.sources_evicted), (7, 2, 2));
+    assert_eq!(rx.sources().len(), 2);
+    let kept = rx.source_stats(&senders[0].local_addr()).expect("the active source is kept");
+    assert_eq!((kept.received, kept.lost, kept.duplicates), (4, 0, 0));
+    assert!(rx.source_stats(&senders[1].local_addr()).is_none());
+    assert!(rx.source_stats(&senders[3].local_addr()).is_some());
+    let zero = UdpConfig::default().with_max_sources(0);
+    assert!(matches!(zero.validate(&pool()), Err(UdpError::Config(_))));
 }

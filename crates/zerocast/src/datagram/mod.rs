@@ -19,7 +19,9 @@
 //! and they may arrive out of order; nothing retransmits. Each sender
 //! numbers its datagrams per destination, and a receiver counts, per
 //! source, what was received, lost (gaps) and reordered
-//! ([`DatagramSocket::source_stats`]). Every datagram carries a zerocast
+//! ([`DatagramSocket::source_stats`]) for at most `max_sources` sources
+//! (`?max_sources=N`, default 4096; a new source beyond them replaces an
+//! idle one, counted in [`DatagramStats::sources_evicted`]). Every datagram carries a zerocast
 //! header, so foreign or malformed traffic is dropped and counted, never
 //! returned. A payload is at most [`DatagramSocket::max_datagram`] bytes
 //! (over RDMA: the active MTU less the header); a larger send is refused
@@ -114,6 +116,12 @@ pub struct DatagramStats {
     pub received: u64,
     /// Datagrams dropped because they were not zerocast datagrams.
     pub dropped_malformed: u64,
+    /// Sources whose sequence accounting is kept now: at most the
+    /// backend's `max_sources` (`?max_sources=N`, default 4096).
+    pub sources_tracked: u64,
+    /// Sources whose accounting was dropped to make room for new ones, so
+    /// that a flood from many source addresses stays bounded.
+    pub sources_evicted: u64,
 }
 
 // A socket is made once and lives long: its size does not matter, and
@@ -318,7 +326,7 @@ impl DatagramSocket {
         each!(self, s => s.source_stats(from))
     }
 
-    /// Every source seen, with its counts.
+    /// Every source tracked, with its counts (at most `max_sources`).
     pub fn sources(&self) -> Vec<(SocketAddr, SeqStats)> {
         each!(self, s => s.sources())
     }
@@ -332,6 +340,8 @@ impl DatagramSocket {
                     sent: st.sent,
                     received: st.received,
                     dropped_malformed: st.dropped_malformed,
+                    sources_tracked: st.sources_tracked,
+                    sources_evicted: st.sources_evicted,
                 }
             }
             #[cfg(feature = "rdma")]
@@ -341,6 +351,8 @@ impl DatagramSocket {
                     sent: st.sent,
                     received: st.received,
                     dropped_malformed: st.dropped_malformed,
+                    sources_tracked: st.sources_tracked,
+                    sources_evicted: st.sources_evicted,
                 }
             }
         }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use zerocast::{ConnError, Connection, Pool, RecvError, SendError, Zerocast};
+use zerocast::{ConnError, Connection, ErrorKind, Pool, RecvError, SendError, Zerocast};
 
 use crate::{checksum, Transport};
 
@@ -264,10 +264,13 @@ pub struct KillReport {
     pub bystander_after: u64,
 }
 
-/// A peer process reading a stream is SIGKILLed mid-stream. The sending
-/// side gets a typed error within `limit`, receiving reports the failure
-/// too, nothing hangs, a bystander connection keeps streaming during and
-/// after, and every buffer of `pool` comes back.
+/// A peer process reading a stream is SIGKILLed mid-stream, after a
+/// random number of messages (1 to 4,000: early, while credits are still
+/// in their first window, or late). The sending side gets a typed error
+/// within `limit`, receiving reports the failure too, each of [kind
+/// `PeerGone`](ErrorKind::PeerGone) whatever the transport and the timing,
+/// nothing hangs, a bystander connection keeps streaming during and after,
+/// and every buffer of `pool` comes back.
 pub fn peer_killed(t: &Transport, pool: &Pool, test_name: &str, limit: Duration) -> KillReport {
     let bystander = Bystander::start(t);
     let listener = t.zc.listen(&t.listen_uri.replace("{n}", "kill")).expect("listen");
@@ -294,9 +297,11 @@ pub fn peer_killed(t: &Transport, pool: &Pool, test_name: &str, limit: Duration)
             unreachable!()
         })
     };
-    // Mid-stream: the peer is reading what we send.
+    // Mid-stream, at a random point: the peer is reading what we send.
+    let kill_after = 1 + random_below(4_000);
+    println!("killing the peer after {kill_after} messages");
     let start = Instant::now();
-    while sending.load(Ordering::Relaxed) < 2_000 {
+    while sending.load(Ordering::Relaxed) < kill_after {
         assert!(start.elapsed() < Duration::from_secs(30), "the stream to the peer never got going");
         thread::sleep(Duration::from_millis(5));
     }
@@ -306,13 +311,17 @@ pub fn peer_killed(t: &Transport, pool: &Pool, test_name: &str, limit: Duration)
     let (error, at) = streamer.join().expect("streamer");
     let detected = at.saturating_duration_since(killed);
     assert!(detected < limit, "typed error after {detected:?}, over {limit:?}: {error}");
-    // Receiving ends with the failure too, at once.
+    assert_eq!(error.kind(), ErrorKind::PeerGone, "the send's error: {error:?}");
+    // Receiving ends with the failure too, at once, of the same kind.
     match conn.recv_timeout(limit) {
-        Err(RecvError::Failed(_)) => {}
+        Err(e @ RecvError::Failed(_)) => assert_eq!(e.kind(), Some(ErrorKind::PeerGone), "{e:?}"),
         other => panic!("receive after the peer's death: {other:?}"),
     }
     let buf = conn.alloc(16).expect("alloc");
-    assert!(matches!(conn.send(buf), Err(SendError::Failed(..))), "send on the failed connection");
+    match conn.send(buf) {
+        Err(e @ SendError::Failed(..)) => assert_eq!(e.kind(), Some(ErrorKind::PeerGone), "{e:?}"),
+        other => panic!("send on the failed connection: {other:?}"),
+    }
     drop(conn);
     drop(listener);
     // The bystander streamed through the kill and keeps streaming.
@@ -369,9 +378,11 @@ pub fn receive_until_silent(conn: &Connection, silence: impl FnOnce()) -> (Durat
     }
 }
 
-/// The failure is the heartbeat's, within three intervals and half a second.
+/// The failure is the heartbeat's, within three intervals and half a
+/// second, and of kind [`ErrorKind::PeerSilent`] on every transport.
 pub fn check_silence_detected(took: Duration, err: &ConnError, hb: Duration) {
     assert!(matches!(err, ConnError::HeartbeatTimeout { .. }), "not a heartbeat timeout: {err:?}");
+    assert_eq!(err.kind(), ErrorKind::PeerSilent);
     let bound = hb * 3 + Duration::from_millis(500);
     assert!(took <= bound, "silence detected after {took:?}, over {bound:?}");
     // Not before three intervals either (less a little: a heartbeat that
@@ -401,15 +412,63 @@ pub fn reconnect(t: &Transport, pool: &Pool, test_name: &str, listen_uri: &str, 
     echo_roundtrips(&conn, 100);
     first.kill();
     match conn.recv_timeout(limit) {
-        Err(RecvError::Failed(_)) => {}
+        Err(RecvError::Failed(e)) => assert_eq!(e.kind(), ErrorKind::PeerGone, "{e:?}"),
         other => panic!("receive after the peer's death: {other:?}"),
     }
     drop(conn);
+    // The application's reconnect loop, written against error kinds only,
+    // starts while the server is down; each failure it sees is reported.
+    let (failures_tx, failures) = std::sync::mpsc::channel();
+    let (zc, target) = (t.zc.clone(), at.clone());
+    let looper = thread::spawn(move || {
+        connect_retrying(&zc, &target, Instant::now() + Duration::from_secs(60), |kind| {
+            let _ = failures_tx.send(kind);
+        })
+    });
+    let kind =
+        failures.recv_timeout(Duration::from_secs(30)).expect("a failed attempt while the server is down");
+    println!("reconnecting while the server is down: {kind}");
     let mut second = Peer::spawn(test_name, "echo", &at, &[]);
     assert_eq!(second.endpoint.as_deref(), Some(at.as_str()), "restarted at the same endpoint");
-    let conn = t.zc.connect(&at).expect("reconnect to the restarted peer");
+    let (conn, attempts) = looper.join().expect("reconnect loop");
+    let kinds: Vec<ErrorKind> = failures.try_iter().chain([kind]).collect();
+    println!("reconnected after {attempts} attempts; failures were {kinds:?}");
+    assert!(kinds.iter().all(|k| k.is_retryable()), "{kinds:?}");
     echo_roundtrips(&conn, 1_000);
     drop(conn);
     assert!(second.wait(Duration::from_secs(30)), "the restarted peer did not end cleanly");
     crate::assert_pool_drained(pool, Duration::from_secs(10));
+}
+
+/// How an application reconnects, using nothing but [`ErrorKind`]: retry
+/// what may succeed (a peer that is down, refusing or restarting), give up
+/// at once on what will not. Returns the connection and the attempts made.
+pub fn connect_retrying(
+    zc: &Zerocast,
+    at: &str,
+    deadline: Instant,
+    mut on_failure: impl FnMut(ErrorKind),
+) -> (Connection, u32) {
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match zc.connect(at) {
+            Ok(conn) => return (conn, attempts),
+            Err(e) if e.kind().is_retryable() && Instant::now() < deadline => {
+                on_failure(e.kind());
+                thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("gave up reconnecting after {attempts} attempts: {e} ({})", e.kind()),
+        }
+    }
+}
+
+/// A number below `n`, different from run to run (the clock's nanoseconds
+/// mixed with the process id): where to inject a fault.
+pub fn random_below(n: u64) -> u64 {
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let x =
+        (nanos as u64 ^ u64::from(std::process::id()).rotate_left(32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (x >> 11) % n
 }

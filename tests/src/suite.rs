@@ -5,7 +5,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use zerocast::{RecvError, SendError, TypedRecvError};
+use zerocast::{ErrorKind, RecvError, SendError, TypedRecvError};
 
 use crate::checksum;
 use crate::Transport;
@@ -105,6 +105,13 @@ pub fn backpressure(t: &Transport, window: u32) {
 /// `Disconnected`; sending to a closed connection hands the buffer back.
 pub fn disconnect(t: &Transport) {
     let (client, server) = t.pair();
+    // Nothing sent yet: nothing is ready, and a deadline passes.
+    assert!(matches!(server.try_recv(), Err(RecvError::Empty)));
+    assert_eq!(RecvError::Empty.kind(), None, "an empty try_recv is no failure");
+    match server.recv_timeout(Duration::from_millis(5)) {
+        Err(e @ RecvError::Timeout) => assert_eq!(e.kind(), Some(ErrorKind::Timeout)),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
     for i in 0..10u8 {
         let mut buf = client.alloc(1).expect("alloc");
         buf[0] = i;
@@ -112,11 +119,17 @@ pub fn disconnect(t: &Transport) {
     }
     client.close();
     let buf = client.alloc(1).expect("alloc");
-    assert!(matches!(client.send(buf), Err(SendError::Disconnected(_))));
+    match client.send(buf) {
+        Err(e @ SendError::Disconnected(_)) => assert_eq!(e.kind(), Some(ErrorKind::Closed)),
+        other => panic!("send after close: {other:?}"),
+    }
     for i in 0..10u8 {
         assert_eq!(server.recv_timeout(Duration::from_secs(10)).expect("buffered")[0], i);
     }
-    assert!(matches!(server.recv_timeout(Duration::from_secs(10)), Err(RecvError::Disconnected)));
+    match server.recv_timeout(Duration::from_secs(10)) {
+        Err(e @ RecvError::Disconnected) => assert_eq!(e.kind(), Some(ErrorKind::Closed), "an orderly close"),
+        other => panic!("receive after the peer's close: {other:?}"),
+    }
     assert!(matches!(server.try_recv(), Err(RecvError::Disconnected)), "stays disconnected");
     // The other direction still works until the server closes too.
     let mut buf = server.alloc(3).expect("alloc");
@@ -331,7 +344,10 @@ pub fn bad_message_is_typed_error(t: &Transport) {
     let (tx, _r) = client.split::<Order, ()>();
     tx.send(order(1, 8)).expect("send typed");
     let (_s, rx) = server.split::<(), Order>();
-    assert!(matches!(rx.recv_timeout(Duration::from_secs(10)), Err(TypedRecvError::Decode(_))));
+    match rx.recv_timeout(Duration::from_secs(10)) {
+        Err(e @ TypedRecvError::Decode(_)) => assert_eq!(e.kind(), Some(ErrorKind::Protocol)),
+        other => panic!("expected a decode error, got {other:?}"),
+    }
     assert_eq!(rx.recv_timeout(Duration::from_secs(10)).expect("next message"), order(1, 8));
 }
 
@@ -343,7 +359,15 @@ pub fn oversize_is_rejected(t: &Transport) {
     let (tx, _r) = client.split::<Vec<u8>, ()>();
     let big = vec![1u8; max + 10];
     match tx.send(big) {
-        Err(SendError::Rejected(back, _)) => assert_eq!(back.len(), max + 10),
+        Err(SendError::Rejected(back, e)) => {
+            assert_eq!(back.len(), max + 10);
+            let kind = SendError::Rejected((), e).kind();
+            assert_eq!(
+                kind,
+                Some(ErrorKind::InvalidInput),
+                "refused input is the caller's, on every transport"
+            );
+        }
         other => panic!("expected Rejected, got {other:?}"),
     }
 }

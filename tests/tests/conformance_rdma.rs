@@ -203,7 +203,7 @@ fn no_rnr_under_slow_receiver() {
 
 fn rc_error(e: &ConnError) -> Option<&RcError> {
     match e {
-        ConnError::Transport(inner) => inner.downcast_ref::<RcError>(),
+        ConnError::Transport { source, .. } => source.downcast_ref::<RcError>(),
         _ => None,
     }
 }

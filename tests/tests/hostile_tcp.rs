@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use zerocast::core::frame::{MAGIC, VERSION};
 use zerocast::core::handshake::HELLO_LEN;
 use zerocast::core::{CreditError, FrameError, FrameKind, Header, Hello, HEADER_LEN};
-use zerocast::{Config, ConnError, ConnectError, Listener, RecvError, TcpConfig, Zerocast};
+use zerocast::{Config, ConnError, ConnectError, ErrorKind, Listener, RecvError, TcpConfig, Zerocast};
 
 fn zc() -> Zerocast {
     let mut cfg = Config::default();
@@ -116,7 +116,9 @@ fn garbage_frames_fail_only_that_connection() {
     // The magic and this build's version, then kind 15, which does not exist.
     bad.write_all(&[MAGIC, (VERSION << 4) | 0xf]).expect("write");
     bad.write_all(b" this is not a frame at all").expect("write");
-    assert!(matches!(expect_failure(&bad_server), ConnError::Frame(FrameError::UnknownKind { .. })));
+    let err = expect_failure(&bad_server);
+    assert!(matches!(err, ConnError::Frame(FrameError::UnknownKind { .. })), "{err:?}");
+    assert_eq!(err.kind(), ErrorKind::Protocol);
 
     let mut b = good_client.alloc(2).expect("alloc");
     b.copy_from_slice(b"ok");
@@ -145,7 +147,9 @@ fn peer_stopping_mid_frame_times_out() {
     let frame = data(0, &[1u8; 1000]);
     bad.write_all(&frame[..500]).expect("write half a frame");
     let t0 = Instant::now();
-    assert!(matches!(expect_failure(&server), ConnError::TimedOut(_)));
+    let err = expect_failure(&server);
+    assert!(matches!(err, ConnError::TimedOut(_)), "{err:?}");
+    assert_eq!(err.kind(), ErrorKind::PeerSilent, "a peer stalled mid-frame is silent");
     assert!(t0.elapsed() < Duration::from_secs(5));
     drop(bad);
 }
@@ -158,7 +162,9 @@ fn peer_closing_mid_frame_is_truncation() {
     let frame = data(0, &[1u8; 1000]);
     bad.write_all(&frame[..700]).expect("write");
     drop(bad);
-    assert!(matches!(expect_failure(&server), ConnError::Truncated { .. }));
+    let err = expect_failure(&server);
+    assert!(matches!(err, ConnError::Truncated { .. }), "{err:?}");
+    assert_eq!(err.kind(), ErrorKind::PeerGone, "a peer that closed mid-frame is gone");
 }
 
 #[test]
@@ -183,6 +189,7 @@ fn credit_overrun_and_bad_sequence_are_detected() {
     };
     assert_eq!(held.len(), 8, "the frames within the window are delivered first");
     assert!(matches!(err, ConnError::Credit(CreditError::Overrun { window: 8 })));
+    assert_eq!(err.kind(), ErrorKind::Protocol);
 
     let (mut bad, server) = handshaken(&listener, addr, 8);
     bad.write_all(&data(0, b"a")).expect("write");

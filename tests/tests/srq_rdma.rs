@@ -53,7 +53,7 @@ fn assert_one_more_refused(zc: &Zerocast, listener: &Listener) {
     let client = thread::spawn(move || zc.connect(&at));
     let err = listener.accept().expect_err("the SRQ has no share left");
     let full = match &err {
-        ConnectError::Transport(e) => e.downcast_ref::<RcError>(),
+        ConnectError::Transport { source, .. } => source.downcast_ref::<RcError>(),
         _ => None,
     };
     assert!(matches!(full, Some(RcError::SrqFull { .. })), "accept: {err:?}");

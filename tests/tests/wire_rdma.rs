@@ -191,7 +191,7 @@ mod wire {
 
     fn rc_error(e: &ConnError) -> Option<&RcError> {
         match e {
-            ConnError::Transport(inner) => inner.downcast_ref::<RcError>(),
+            ConnError::Transport { source, .. } => source.downcast_ref::<RcError>(),
             _ => None,
         }
     }

@@ -49,6 +49,13 @@ impl Default for LinkConfig {
 #[error("invalid connection setting: {0}")]
 pub struct ConfigError(pub String);
 
+impl crate::error::Classify for ConfigError {
+    /// A setting out of range is a local misconfiguration.
+    fn kind(&self) -> crate::error::ErrorKind {
+        crate::error::ErrorKind::LocalResource
+    }
+}
+
 impl LinkConfig {
     /// Check the settings.
     pub fn validate(&self) -> Result<(), ConfigError> {

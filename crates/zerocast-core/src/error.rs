@@ -8,8 +8,107 @@ use crate::credit::CreditError;
 use crate::frame::FrameError;
 use crate::handshake::HandshakeError;
 
+/// What kind of failure an error is: the same on every transport, for the
+/// same event, so that code written against `tcp://` handles `rc://` too.
+/// A reconnect loop needs only this (see [`ErrorKind::is_retryable`]); the
+/// transport's own detail stays available as the error's `source()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The connection was closed in order: a goodbye, or `close()`.
+    /// Nothing failed.
+    Closed,
+    /// The peer is gone or unreachable: its process died, it reset,
+    /// aborted or disconnected the connection without a goodbye, or its
+    /// transport stopped acknowledging (retries exhausted, host
+    /// unreachable). A killed peer is this on every transport, whichever
+    /// of these the timing shows first. Reconnecting may work once it is
+    /// back.
+    PeerGone,
+    /// The peer fell silent while its transport stayed up: no heartbeat
+    /// for three intervals, or a frame or handshake that stalled part-way.
+    /// Its process hangs, or the path to it is down without a reset.
+    /// Reconnecting may work, later or through another path.
+    PeerSilent,
+    /// The peer broke the protocol: a malformed or oversized frame, a
+    /// credit violation, an incompatible handshake, a one-sided access
+    /// outside what it was given. Retrying the same peer is unlikely to
+    /// help: it is broken, hostile, or of another version.
+    Protocol,
+    /// Nobody took the connection: nothing listens there, or the listener
+    /// is full or refused it. Retry later.
+    Refused,
+    /// This side's deadline passed (a receive, a send waiting for credit,
+    /// connecting). Retry, or wait longer.
+    Timeout,
+    /// A local resource ran out or is misconfigured: the pool at its cap,
+    /// the memlock limit, a device or system error, an invalid setting.
+    /// Fix the configuration; retrying as is fails the same way.
+    LocalResource,
+    /// This side refused its own input: a message too large or that does
+    /// not encode, a malformed endpoint. The connection, if any, is fine.
+    InvalidInput,
+}
+
+impl ErrorKind {
+    /// Whether trying again (reconnecting, or repeating the call) may
+    /// succeed without changing anything here: the peer or the path may
+    /// come back, or a deadline was only too short.
+    pub fn is_retryable(self) -> bool {
+        matches!(self, ErrorKind::PeerGone | ErrorKind::PeerSilent | ErrorKind::Refused | ErrorKind::Timeout)
+    }
+
+    /// The kind of an operating-system error on a connection.
+    pub fn of_io(kind: io::ErrorKind) -> Self {
+        use io::ErrorKind as K;
+        match kind {
+            K::ConnectionReset
+            | K::ConnectionAborted
+            | K::BrokenPipe
+            | K::UnexpectedEof
+            | K::NotConnected => ErrorKind::PeerGone,
+            K::ConnectionRefused => ErrorKind::Refused,
+            K::TimedOut | K::HostUnreachable | K::NetworkUnreachable | K::NetworkDown => {
+                ErrorKind::PeerSilent
+            }
+            K::InvalidInput | K::InvalidData => ErrorKind::InvalidInput,
+            _ => ErrorKind::LocalResource,
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ErrorKind::Closed => "closed",
+            ErrorKind::PeerGone => "peer gone",
+            ErrorKind::PeerSilent => "peer silent",
+            ErrorKind::Protocol => "protocol violation",
+            ErrorKind::Refused => "refused",
+            ErrorKind::Timeout => "timed out",
+            ErrorKind::LocalResource => "local resource",
+            ErrorKind::InvalidInput => "invalid input",
+        })
+    }
+}
+
+/// An error that knows its [`ErrorKind`]. Backends implement it for their
+/// own error types, which travel as the `source()` of a
+/// [`ConnError::Transport`] or [`ConnectError::Transport`].
+pub trait Classify {
+    /// What kind of failure this is.
+    fn kind(&self) -> ErrorKind;
+}
+
+impl Classify for io::Error {
+    fn kind(&self) -> ErrorKind {
+        ErrorKind::of_io(io::Error::kind(self))
+    }
+}
+
 /// Why a connection ended abnormally. Cloneable, so every handle of the
-/// connection can report it.
+/// connection can report it. [`ConnError::kind`] classifies it the same
+/// way on every transport.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnError {
@@ -33,9 +132,16 @@ pub enum ConnError {
     /// An operating-system I/O error.
     #[error("I/O error on the connection")]
     Io(#[source] Arc<io::Error>),
-    /// A backend-specific failure (for example a verbs work completion error).
-    #[error("transport failure")]
-    Transport(#[source] Arc<dyn std::error::Error + Send + Sync>),
+    /// A backend-specific failure (for example a verbs work completion
+    /// error), classified by the backend; the detail is the `source()`.
+    #[error("transport failure ({kind})")]
+    Transport {
+        /// What kind of failure it is.
+        kind: ErrorKind,
+        /// The backend's error.
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
     /// The peer sent a message larger than this side can take.
     #[error("message of {len} bytes is larger than the {max}-byte buffers this side has; raise max_payload on both sides")]
     TooLarge {
@@ -76,9 +182,39 @@ impl From<io::Error> for ConnError {
 }
 
 impl ConnError {
-    /// Wrap a backend error.
-    pub fn transport(e: impl std::error::Error + Send + Sync + 'static) -> Self {
-        ConnError::Transport(Arc::new(e))
+    /// Wrap a backend error, classified by its [`Classify`] impl.
+    pub fn transport(e: impl std::error::Error + Classify + Send + Sync + 'static) -> Self {
+        ConnError::Transport { kind: e.kind(), source: Arc::new(e) }
+    }
+
+    /// What kind of failure this is: the same for the same event on every
+    /// transport.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ConnError::Frame(_)
+            | ConnError::Credit(_)
+            | ConnError::Handshake(_)
+            | ConnError::TooLarge { .. }
+            | ConnError::Unsupported(_) => ErrorKind::Protocol,
+            ConnError::Truncated { .. } | ConnError::Aborted => ErrorKind::PeerGone,
+            ConnError::Io(e) => ErrorKind::of_io(e.kind()),
+            ConnError::Transport { kind, .. } => *kind,
+            ConnError::TimedOut(_) | ConnError::HeartbeatTimeout { .. } => ErrorKind::PeerSilent,
+        }
+    }
+
+    /// The backend's error, when it is of type `E` (an `RcError`, say).
+    pub fn transport_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            ConnError::Transport { source, .. } => source.downcast_ref::<E>(),
+            _ => None,
+        }
+    }
+}
+
+impl Classify for ConnError {
+    fn kind(&self) -> ErrorKind {
+        ConnError::kind(self)
     }
 }
 
@@ -125,6 +261,18 @@ impl<T> SendError<T> {
     /// Whether the connection is gone for good.
     pub fn is_disconnected(&self) -> bool {
         matches!(self, SendError::Disconnected(_) | SendError::Failed(..))
+    }
+
+    /// What kind of failure this is; `None` for [`SendError::Full`], which
+    /// is no failure (try again once the peer returns credit).
+    pub fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            SendError::Full(_) => None,
+            SendError::Timeout(_) => Some(ErrorKind::Timeout),
+            SendError::Disconnected(_) => Some(ErrorKind::Closed),
+            SendError::Failed(_, e) => Some(e.kind()),
+            SendError::Rejected(..) => Some(ErrorKind::InvalidInput),
+        }
     }
 }
 
@@ -176,8 +324,21 @@ pub enum RecvError {
     #[error("connection closed by the peer")]
     Disconnected,
     /// The connection failed; buffered messages were received first.
-    #[error("connection failed")]
+    #[error("connection failed ({})", .0.kind())]
     Failed(#[source] ConnError),
+}
+
+impl RecvError {
+    /// What kind of failure this is; `None` for [`RecvError::Empty`],
+    /// which is no failure.
+    pub fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            RecvError::Empty => None,
+            RecvError::Timeout => Some(ErrorKind::Timeout),
+            RecvError::Disconnected => Some(ErrorKind::Closed),
+            RecvError::Failed(e) => Some(e.kind()),
+        }
+    }
 }
 
 /// Connecting, listening or accepting failed.
@@ -222,10 +383,111 @@ pub enum ConnectError {
     /// The operation did not finish in time.
     #[error("timed out connecting to {0}")]
     Timeout(String),
-    /// Backend-specific failure.
-    #[error("transport error")]
-    Transport(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// Backend-specific failure, classified by the backend; the detail is
+    /// the `source()`.
+    #[error("transport error ({kind})")]
+    Transport {
+        /// What kind of failure it is.
+        kind: ErrorKind,
+        /// The backend's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The listener was closed.
     #[error("listener closed")]
     Closed,
+}
+
+impl ConnectError {
+    /// Wrap a backend error, classified by its [`Classify`] impl.
+    pub fn transport(e: impl std::error::Error + Classify + Send + Sync + 'static) -> Self {
+        ConnectError::Transport { kind: e.kind(), source: Box::new(e) }
+    }
+
+    /// What kind of failure this is: the same for the same event on every
+    /// transport. A peer that is down is [`ErrorKind::Refused`] (nothing
+    /// listens) or [`ErrorKind::PeerGone`] (it went away mid-handshake).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ConnectError::Uri(_) => ErrorKind::InvalidInput,
+            ConnectError::Unavailable { .. } | ConnectError::InUse(_) => ErrorKind::LocalResource,
+            ConnectError::Io { source, .. } => ErrorKind::of_io(source.kind()),
+            ConnectError::Handshake { source, .. } => source.kind(),
+            ConnectError::Refused(_) => ErrorKind::Refused,
+            ConnectError::Timeout(_) => ErrorKind::Timeout,
+            ConnectError::Transport { kind, .. } => *kind,
+            ConnectError::Closed => ErrorKind::Closed,
+        }
+    }
+
+    /// The backend's error, when it is of type `E` (an `RcError`, say).
+    pub fn transport_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            ConnectError::Transport { source, .. } => source.downcast_ref::<E>(),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("backend detail")]
+    struct Detail;
+
+    impl Classify for Detail {
+        fn kind(&self) -> ErrorKind {
+            ErrorKind::PeerGone
+        }
+    }
+
+    #[test]
+    fn the_same_event_is_the_same_kind_whatever_its_form() {
+        // A vanished peer, as each transport reports it.
+        let reset = ConnError::from(io::Error::from(io::ErrorKind::ConnectionReset));
+        let pipe = ConnError::from(io::Error::from(io::ErrorKind::BrokenPipe));
+        let backend = ConnError::transport(Detail);
+        for e in [ConnError::Aborted, ConnError::Truncated { got: 1, expected: 2 }, reset, pipe, backend] {
+            assert_eq!(e.kind(), ErrorKind::PeerGone, "{e:?}");
+            assert!(e.kind().is_retryable());
+        }
+        let silent = ConnError::HeartbeatTimeout { silent_ms: 600, interval_ms: 200 };
+        assert_eq!(silent.kind(), ErrorKind::PeerSilent);
+        assert_eq!(ConnError::Unsupported("x").kind(), ErrorKind::Protocol);
+        assert!(!ErrorKind::Protocol.is_retryable());
+        assert!(!ErrorKind::LocalResource.is_retryable());
+    }
+
+    #[test]
+    fn the_backend_detail_stays_the_source() {
+        let e = ConnError::transport(Detail);
+        let src = std::error::Error::source(&e).expect("a source");
+        assert_eq!(src.to_string(), "backend detail");
+        assert!(e.transport_error::<Detail>().is_some());
+        assert!(e.to_string().contains("peer gone"), "{e}");
+        let c = ConnectError::transport(Detail);
+        assert_eq!(c.kind(), ErrorKind::PeerGone);
+        assert!(c.transport_error::<Detail>().is_some());
+    }
+
+    #[test]
+    fn receive_send_and_connect_errors_have_kinds() {
+        assert_eq!(RecvError::Empty.kind(), None);
+        assert_eq!(RecvError::Timeout.kind(), Some(ErrorKind::Timeout));
+        assert_eq!(RecvError::Disconnected.kind(), Some(ErrorKind::Closed));
+        assert_eq!(RecvError::Failed(ConnError::Aborted).kind(), Some(ErrorKind::PeerGone));
+        assert_eq!(SendError::Full(()).kind(), None);
+        assert_eq!(SendError::Disconnected(()).kind(), Some(ErrorKind::Closed));
+        assert_eq!(SendError::Failed((), ConnError::Aborted).kind(), Some(ErrorKind::PeerGone));
+        let refused = ConnectError::Io {
+            endpoint: "tcp://127.0.0.1:1".into(),
+            source: io::Error::from(io::ErrorKind::ConnectionRefused),
+        };
+        assert_eq!(refused.kind(), ErrorKind::Refused);
+        assert!(refused.kind().is_retryable());
+        assert_eq!(ConnectError::Refused("mem://x".into()).kind(), ErrorKind::Refused);
+        assert_eq!(ConnectError::InUse("tcp://:1".into()).kind(), ErrorKind::LocalResource);
+    }
 }

@@ -32,7 +32,7 @@ pub mod uri;
 
 pub use config::{negotiated_heartbeat, ConfigError, LinkConfig, HEARTBEAT_MISSES, MIN_HEARTBEAT};
 pub use credit::{Blocked, CreditError, Credits, Reservation, Stamp};
-pub use error::{ConnError, ConnectError, RecvError, SendError};
+pub use error::{Classify, ConnError, ConnectError, ErrorKind, RecvError, SendError};
 pub use frame::{
     check_datagram, check_datagram_trailer, FrameError, FrameKind, Header, MalformedDatagram, HEADER_LEN,
 };

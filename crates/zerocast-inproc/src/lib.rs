@@ -55,7 +55,7 @@ pub struct MemTransport {
 impl MemTransport {
     /// A transport whose messages live in `pool`.
     pub fn new(pool: Pool, link: LinkConfig) -> Result<Self, ConnectError> {
-        link.validate().map_err(|e| ConnectError::Transport(Box::new(e)))?;
+        link.validate().map_err(ConnectError::transport)?;
         Ok(Self { pool, link })
     }
 
@@ -73,7 +73,7 @@ impl MemTransport {
         }
         let mut link = self.link;
         link.apply_params(ep)?;
-        link.validate().map_err(|e| ConnectError::Transport(Box::new(e)))?;
+        link.validate().map_err(ConnectError::transport)?;
         Ok(link)
     }
 }

@@ -86,6 +86,20 @@ pub(crate) fn fmt_bytes(bytes: usize) -> String {
     }
 }
 
+impl zerocast_core::Classify for PoolError {
+    /// A pool that cannot give a buffer is a local resource problem, with
+    /// two exceptions: a request the pool could never satisfy (larger than
+    /// its largest class, or than the buffer) is the caller's input.
+    fn kind(&self) -> zerocast_core::ErrorKind {
+        match self {
+            PoolError::TooLarge { .. } | PoolError::LenOverCapacity { .. } => {
+                zerocast_core::ErrorKind::InvalidInput
+            }
+            _ => zerocast_core::ErrorKind::LocalResource,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -121,6 +121,13 @@ pub(crate) fn errno_from_rc(rc: i32) -> io::Error {
     }
 }
 
+impl zerocast_core::Classify for DeviceError {
+    /// A device that cannot be opened or used is a local problem.
+    fn kind(&self) -> zerocast_core::ErrorKind {
+        zerocast_core::ErrorKind::LocalResource
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,6 @@
 //! Opening endpoints by URI: the cold edge where a transport is chosen.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use zerocast_core::{ConnectError, Endpoint, LinkConfig, Scheme, TransportList};
 use zerocast_mem::{Pool, PoolConfig};
@@ -105,13 +105,41 @@ pub struct Zerocast {
 #[derive(Debug)]
 struct Inner {
     cfg: Config,
-    pool: OnceLock<Result<Pool, String>>,
+    pool: Retry<Pool>,
     /// The RC transport, with its own registered pool (created on first use).
     #[cfg(feature = "rdma")]
-    rc: OnceLock<Result<zerocast_rdma::RcTransport, String>>,
+    rc: Retry<zerocast_rdma::RcTransport>,
     /// The UD transport, with its own registered pool (created on first use).
     #[cfg(feature = "rdma")]
-    ud: OnceLock<Result<zerocast_rdma::ud::UdTransport, String>>,
+    ud: Retry<zerocast_rdma::ud::UdTransport>,
+}
+
+/// A value made on first success. A failure is returned with its kind and
+/// source, and not kept: the next call tries again (the memlock limit may
+/// have been raised, or the device come up, meanwhile).
+#[derive(Debug)]
+struct Retry<T> {
+    cell: OnceLock<T>,
+    /// Held while making the value, so only one caller makes it.
+    making: Mutex<()>,
+}
+
+impl<T: Clone> Retry<T> {
+    fn new() -> Self {
+        Self { cell: OnceLock::new(), making: Mutex::new(()) }
+    }
+
+    fn get_or_try<E>(&self, make: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+        if let Some(v) = self.cell.get() {
+            return Ok(v.clone());
+        }
+        let _one = self.making.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(v) = self.cell.get() {
+            return Ok(v.clone());
+        }
+        let v = make()?;
+        Ok(self.cell.get_or_init(|| v).clone())
+    }
 }
 
 impl Default for Zerocast {
@@ -131,11 +159,11 @@ impl Zerocast {
         Self {
             inner: Arc::new(Inner {
                 cfg,
-                pool: OnceLock::new(),
+                pool: Retry::new(),
                 #[cfg(feature = "rdma")]
-                rc: OnceLock::new(),
+                rc: Retry::new(),
                 #[cfg(feature = "rdma")]
-                ud: OnceLock::new(),
+                ud: Retry::new(),
             }),
         }
     }
@@ -147,18 +175,14 @@ impl Zerocast {
 
     /// The pool that TCP and in-process connections use (created on first use).
     pub fn pool(&self) -> Result<Pool, ConnectError> {
-        self.inner
-            .pool
-            .get_or_init(|| {
-                let mut pc = self.inner.cfg.pool.clone();
-                let max = self.inner.cfg.link.max_payload as usize;
-                if pc.classes.last().is_none_or(|&c| c < max) {
-                    pc.classes.push(max);
-                }
-                Pool::unregistered(pc).map_err(|e| e.to_string())
-            })
-            .clone()
-            .map_err(|e| ConnectError::Transport(e.into()))
+        self.inner.pool.get_or_try(|| {
+            let mut pc = self.inner.cfg.pool.clone();
+            let max = self.inner.cfg.link.max_payload as usize;
+            if pc.classes.last().is_none_or(|&c| c < max) {
+                pc.classes.push(max);
+            }
+            Pool::unregistered(pc).map_err(ConnectError::transport)
+        })
     }
 
     /// Connect to `uri` (see [`zerocast_core::uri`] for the forms).
@@ -226,31 +250,26 @@ impl Zerocast {
     }
 
     /// The RC transport (opened on first use: device, protection domain and
-    /// a pool registered in it, shaped like [`Config::pool`]).
+    /// a pool registered in it, shaped like [`Config::pool`]). A failure
+    /// (no device yet, a memlock limit) is not kept: the next call tries
+    /// again.
     #[cfg(feature = "rdma")]
     pub fn rc(&self) -> Result<zerocast_rdma::RcTransport, ConnectError> {
-        self.inner
-            .rc
-            .get_or_init(|| {
-                let cfg = self.inner.cfg.rc.clone().with_link(self.inner.cfg.link);
-                zerocast_rdma::RcTransport::new(cfg, self.inner.cfg.pool.clone()).map_err(|e| error_chain(&e))
-            })
-            .clone()
-            .map_err(|e| ConnectError::Transport(e.into()))
+        self.inner.rc.get_or_try(|| {
+            let cfg = self.inner.cfg.rc.clone().with_link(self.inner.cfg.link);
+            zerocast_rdma::RcTransport::new(cfg, self.inner.cfg.pool.clone())
+        })
     }
 
     /// The UD transport (opened on first use: device, protection domain
-    /// and a registered pool shaped like [`Config::pool`]).
+    /// and a registered pool shaped like [`Config::pool`]). A failure is
+    /// not kept: the next call tries again.
     #[cfg(feature = "rdma")]
     pub fn ud(&self) -> Result<zerocast_rdma::ud::UdTransport, ConnectError> {
-        self.inner
-            .ud
-            .get_or_init(|| {
-                zerocast_rdma::ud::UdTransport::new(self.inner.cfg.ud.clone(), self.inner.cfg.pool.clone())
-                    .map_err(|e| error_chain(&e))
-            })
-            .clone()
-            .map_err(|e| ConnectError::Transport(e.into()))
+        self.inner.ud.get_or_try(|| {
+            zerocast_rdma::ud::UdTransport::new(self.inner.cfg.ud.clone(), self.inner.cfg.pool.clone())
+                .map_err(ConnectError::transport)
+        })
     }
 
     #[cfg(feature = "mem")]

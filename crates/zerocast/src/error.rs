@@ -1,6 +1,6 @@
 //! The facade's errors.
 
-pub use zerocast_core::{ConnError, ConnectError, RecvError, SendError};
+pub use zerocast_core::{Classify, ConnError, ConnectError, ErrorKind, RecvError, SendError};
 pub use zerocast_mem::PoolError;
 
 pub use crate::codec::CodecError;
@@ -23,6 +23,26 @@ impl TypedRecvError {
     pub fn is_disconnected(&self) -> bool {
         matches!(self, TypedRecvError::Recv(RecvError::Disconnected | RecvError::Failed(_)))
     }
+
+    /// What kind of failure this is: a message that does not decode is the
+    /// peer's [`ErrorKind::Protocol`]; `None` for an empty `try_recv`.
+    pub fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            TypedRecvError::Recv(e) => e.kind(),
+            TypedRecvError::Decode(_) => Some(ErrorKind::Protocol),
+        }
+    }
+}
+
+impl Classify for CodecError {
+    /// A message of ours that does not encode is our input; bytes of the
+    /// peer's that do not decode break the protocol.
+    fn kind(&self) -> ErrorKind {
+        match self {
+            CodecError::BufferTooSmall { .. } | CodecError::Encode(_) => ErrorKind::InvalidInput,
+            CodecError::Decode(_) | CodecError::Trailing { .. } => ErrorKind::Protocol,
+        }
+    }
 }
 
 /// Anything the facade can fail with, for applications that want one type.
@@ -38,13 +58,34 @@ pub enum Error {
     /// A receive failed.
     #[error(transparent)]
     Recv(#[from] TypedRecvError),
-    /// A send failed (the message is dropped in this conversion).
-    #[error("{0}")]
-    Send(String),
+    /// A send failed. The message is dropped in this conversion; the
+    /// reason, its kind and its source are kept.
+    #[error(transparent)]
+    Send(SendError<()>),
 }
 
 impl<T> From<SendError<T>> for Error {
     fn from(e: SendError<T>) -> Self {
-        Error::Send(e.to_string())
+        Error::Send(e.map(drop))
+    }
+}
+
+impl Error {
+    /// What kind of failure this is, the same on every transport. Nothing
+    /// ready (an empty `try_recv`, a `try_send` without credit) counts as
+    /// [`ErrorKind::Timeout`]: a deadline of zero that passed.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Connect(e) => e.kind(),
+            Error::Pool(e) => e.kind(),
+            Error::Recv(e) => e.kind().unwrap_or(ErrorKind::Timeout),
+            Error::Send(e) => e.kind().unwrap_or(ErrorKind::Timeout),
+        }
+    }
+
+    /// Whether trying again may succeed without changing anything here
+    /// (see [`ErrorKind::is_retryable`]).
+    pub fn is_retryable(&self) -> bool {
+        self.kind().is_retryable()
     }
 }

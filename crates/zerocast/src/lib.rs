@@ -54,7 +54,8 @@ pub use context::{connect, global, listen, Config, Zerocast};
 #[cfg(feature = "tcp")]
 pub use datagram::{DatagramReceiver, DatagramSender, DatagramSocket};
 pub use error::{
-    CodecError, ConnError, ConnectError, Error, PoolError, RecvError, SendError, TypedRecvError,
+    Classify, CodecError, ConnError, ConnectError, Error, ErrorKind, PoolError, RecvError, SendError,
+    TypedRecvError,
 };
 
 /// The `yoke` zerocast uses for [`Receiver::recv_ref`]. Deriving `Yokeable`

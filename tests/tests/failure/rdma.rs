@@ -28,7 +28,7 @@ fn pool(t: &Transport) -> zerocast::Pool {
 
 fn rc_error(e: &ConnError) -> Option<&RcError> {
     match e {
-        ConnError::Transport(inner) => inner.downcast_ref::<RcError>(),
+        ConnError::Transport { source, .. } => source.downcast_ref::<RcError>(),
         _ => None,
     }
 }

@@ -3,6 +3,7 @@
 use std::io;
 
 use rdma_sys::ibv_wc_status;
+use zerocast_core::{Classify, ErrorKind};
 
 /// Why an RC connection failed or could not be set up.
 ///
@@ -145,6 +146,47 @@ pub enum RcError {
         /// The transport's device.
         pd: String,
     },
+}
+
+impl Classify for RcError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            // The peer's QP is gone: a disconnect, a flush after one, or
+            // nothing acknowledged within the transport's retries (what a
+            // killed peer's destroyed QP looks like when no disconnect
+            // came first).
+            RcError::PeerDisconnected | RcError::Flushed | RcError::RetryExceeded => ErrorKind::PeerGone,
+            // RNR is ruled out by credits; a peer that causes it, or
+            // touches memory it was not given, broke the protocol.
+            RcError::RnrRetryExceeded | RcError::RemoteAccess | RcError::BadFrame(_) => ErrorKind::Protocol,
+            RcError::Completion { status, .. } => match *status {
+                // The responder's QP failed: its process died or it
+                // destroyed the connection under us.
+                ibv_wc_status::IBV_WC_REM_OP_ERR | ibv_wc_status::IBV_WC_REM_ABORT_ERR => ErrorKind::PeerGone,
+                ibv_wc_status::IBV_WC_REM_INV_REQ_ERR | ibv_wc_status::IBV_WC_BAD_RESP_ERR => {
+                    ErrorKind::Protocol
+                }
+                _ => ErrorKind::LocalResource,
+            },
+            RcError::Closed => ErrorKind::Closed,
+            RcError::Rejected { .. } | RcError::SrqFull { .. } => ErrorKind::Refused,
+            RcError::Cm { event, .. } => match event.as_str() {
+                "RDMA_CM_EVENT_REJECTED" | "RDMA_CM_EVENT_UNREACHABLE" | "RDMA_CM_EVENT_CONNECT_ERROR" => {
+                    ErrorKind::Refused
+                }
+                "RDMA_CM_EVENT_DISCONNECTED" | "RDMA_CM_EVENT_TIMEWAIT_EXIT" => ErrorKind::PeerGone,
+                "RDMA_CM_EVENT_ADDR_ERROR" | "RDMA_CM_EVENT_ROUTE_ERROR" => ErrorKind::Refused,
+                _ => ErrorKind::LocalResource,
+            },
+            RcError::RemoteTooShort { .. } => ErrorKind::InvalidInput,
+            RcError::LocalProtection
+            | RcError::Verbs { .. }
+            | RcError::Config(_)
+            | RcError::Pool { .. }
+            | RcError::Register { .. }
+            | RcError::WrongDevice { .. } => ErrorKind::LocalResource,
+        }
+    }
 }
 
 impl RcError {

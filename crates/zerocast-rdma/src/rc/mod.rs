@@ -350,8 +350,10 @@ impl fmt::Debug for RcTransport {
     }
 }
 
-fn transport_err(e: impl std::error::Error + Send + Sync + 'static) -> ConnectError {
-    ConnectError::Transport(Box::new(e))
+fn transport_err(
+    e: impl std::error::Error + zerocast_core::Classify + Send + Sync + 'static,
+) -> ConnectError {
+    ConnectError::transport(e)
 }
 
 impl RcTransport {

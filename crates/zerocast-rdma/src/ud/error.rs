@@ -138,6 +138,30 @@ impl UdError {
     }
 }
 
+impl zerocast_core::Classify for UdError {
+    fn kind(&self) -> zerocast_core::ErrorKind {
+        use zerocast_core::ErrorKind as K;
+        match self {
+            UdError::BadEndpoint { .. }
+            | UdError::NotMulticast(_)
+            | UdError::NotMember { .. }
+            | UdError::TooLarge { .. } => K::InvalidInput,
+            // Nobody answered for that address, or the group refused us.
+            UdError::Resolve { .. } | UdError::Join { .. } => K::Refused,
+            UdError::Config(_)
+            | UdError::Device(_)
+            | UdError::Register(_)
+            | UdError::Verbs { .. }
+            | UdError::Bind { .. }
+            | UdError::WrongDevice { .. }
+            | UdError::GroupFailed { .. }
+            | UdError::TooManyGroups { .. }
+            | UdError::SendQueueFull(_)
+            | UdError::Failed(_) => K::LocalResource,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

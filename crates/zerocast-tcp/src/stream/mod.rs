@@ -13,7 +13,7 @@ use std::time::Duration;
 use crossbeam_channel::{bounded, Receiver, Sender};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-use zerocast_core::{Caps, ConnectError, Endpoint, LinkConfig, Scheme};
+use zerocast_core::{Caps, ConnectError, Endpoint, ErrorKind, LinkConfig, Scheme};
 use zerocast_link::{Flavor, LinkSetup};
 use zerocast_mem::{Pool, PoolConfig};
 
@@ -103,21 +103,21 @@ pub struct TcpTransport {
 impl TcpTransport {
     /// A transport whose connections take buffers from `pool`.
     pub fn new(pool: Pool, cfg: TcpConfig) -> Result<Self, ConnectError> {
-        cfg.link.validate().map_err(|e| ConnectError::Transport(Box::new(e)))?;
+        cfg.link.validate().map_err(ConnectError::transport)?;
         if pool.max_buf_size() < cfg.link.max_payload as usize {
             let msg = format!(
                 "pool buffers hold at most {} bytes but max_payload is {}; add a pool size class",
                 pool.max_buf_size(),
                 cfg.link.max_payload
             );
-            return Err(ConnectError::Transport(msg.into()));
+            return Err(ConnectError::Transport { kind: ErrorKind::LocalResource, source: msg.into() });
         }
         Ok(Self { pool, cfg: Arc::new(cfg) })
     }
 
     /// A transport with its own unregistered pool sized for `cfg`.
     pub fn with_config(cfg: TcpConfig) -> Result<Self, ConnectError> {
-        let pool = Pool::unregistered(cfg.pool_config()).map_err(|e| ConnectError::Transport(Box::new(e)))?;
+        let pool = Pool::unregistered(cfg.pool_config()).map_err(ConnectError::transport)?;
         Self::new(pool, cfg)
     }
 
@@ -134,7 +134,7 @@ impl TcpTransport {
     fn link_config(&self, ep: &Endpoint) -> Result<LinkConfig, ConnectError> {
         let mut link = self.cfg.link;
         link.apply_params(ep)?;
-        link.validate().map_err(|e| ConnectError::Transport(Box::new(e)))?;
+        link.validate().map_err(ConnectError::transport)?;
         Ok(link)
     }
 

@@ -13,7 +13,7 @@ use zerocast_core::{RecvError, SendError};
 use zerocast_mem::{Buf, PoolError};
 
 use crate::borrow::Guard;
-use crate::codec::{Bincode, Codec, CodecError};
+use crate::codec::{decode_limit, Bincode, Codec, CodecError};
 use crate::conn::Connection;
 use crate::error::TypedRecvError;
 
@@ -178,6 +178,8 @@ fn rejected(e: CodecError) -> SendError<()> {
 struct RecvSide<C> {
     conn: Connection,
     codec: C,
+    /// The decode limit: [`decode_limit`] of the connection's `max_payload`.
+    limit: usize,
 }
 
 impl<C> Drop for RecvSide<C> {
@@ -209,7 +211,8 @@ impl<T, C> fmt::Debug for Receiver<T, C> {
 
 impl<T, C: Codec> Receiver<T, C> {
     pub(crate) fn new(conn: Connection, codec: C) -> Self {
-        Self { side: Arc::new(RecvSide { conn, codec }), _t: PhantomData }
+        let limit = decode_limit(conn.max_message());
+        Self { side: Arc::new(RecvSide { conn, codec, limit }), _t: PhantomData }
     }
 
     /// The underlying connection.
@@ -242,7 +245,7 @@ impl<T: DeserializeOwned, C: Codec> Receiver<T, C> {
     fn decode(&self, r: Result<zerocast_link::RecvBuf, RecvError>) -> Result<T, TypedRecvError> {
         let buf = r?;
         // The receive buffer is reposted when `buf` drops, right after decoding.
-        self.side.codec.decode::<T>(&buf).map_err(TypedRecvError::Decode)
+        self.side.codec.decode_limited::<T>(&buf, self.side.limit).map_err(TypedRecvError::Decode)
     }
 }
 
@@ -268,8 +271,8 @@ where
 
     fn attach(&self, r: Result<zerocast_link::RecvBuf, RecvError>) -> Result<Guard<T>, TypedRecvError> {
         let (buf, token) = r?.into_parts();
-        let codec = &self.side.codec;
-        let yoke = Yoke::<T, Buf>::try_attach_to_cart(buf, |bytes: &[u8]| codec.decode(bytes))
+        let (codec, limit) = (&self.side.codec, self.side.limit);
+        let yoke = Yoke::<T, Buf>::try_attach_to_cart(buf, |bytes: &[u8]| codec.decode_limited(bytes, limit))
             .map_err(TypedRecvError::Decode)?;
         Ok(Guard::new(yoke, token))
     }

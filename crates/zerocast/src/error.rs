@@ -41,6 +41,8 @@ impl Classify for CodecError {
         match self {
             CodecError::BufferTooSmall { .. } | CodecError::Encode(_) => ErrorKind::InvalidInput,
             CodecError::Decode(_) | CodecError::Trailing { .. } => ErrorKind::Protocol,
+            // Our own limit, set by our configuration.
+            CodecError::LimitExceeded { .. } => ErrorKind::LocalResource,
         }
     }
 }

@@ -48,7 +48,7 @@ mod error;
 
 pub use borrow::Guard;
 pub use channel::{Receiver, Sender};
-pub use codec::{Bincode, BincodeLimit, Codec};
+pub use codec::{decode_limit, Bincode, BincodeLimit, Codec, DEFAULT_DECODE_LIMIT};
 pub use conn::{Connection, Listener};
 pub use context::{connect, global, listen, Config, Zerocast};
 #[cfg(feature = "tcp")]

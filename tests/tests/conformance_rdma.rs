@@ -108,6 +108,30 @@ macro_rules! conformance {
                 run(suite::oversize_is_rejected);
             }
 
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn listener_close_releases_accept() {
+                run(suite::listener_close_releases_accept);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn try_accept_and_accept_timeout() {
+                run(suite::try_accept_and_accept_timeout);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn handles_close_their_own_side() {
+                run(suite::handles_close_their_own_side);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn iter_results() {
+                run(suite::iter_results);
+            }
+
             /// Both ends report the scheme they connected with.
             #[test]
             #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]

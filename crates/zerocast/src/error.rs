@@ -1,6 +1,6 @@
 //! The facade's errors.
 
-pub use zerocast_core::{ConnError, ConnectError, RecvError, SendError};
+pub use zerocast_core::{AcceptError, ConnError, ConnectError, RecvError, SendError};
 pub use zerocast_mem::PoolError;
 
 pub use crate::codec::CodecError;
@@ -32,6 +32,9 @@ pub enum Error {
     /// Connecting or listening failed.
     #[error(transparent)]
     Connect(#[from] ConnectError),
+    /// A listener is closed or broken.
+    #[error(transparent)]
+    Accept(#[from] AcceptError),
     /// The pool could not provide a buffer.
     #[error(transparent)]
     Pool(#[from] PoolError),

@@ -351,18 +351,31 @@ enum AcceptFailure {
 fn classify(e: &std::io::Error) -> AcceptFailure {
     use rustix::io::Errno;
     use std::io::ErrorKind;
+    // accept(2) on Linux passes a pending network error of the new
+    // connection on as its own: retry, as for EAGAIN (see its man page).
+    let peer = [
+        Errno::PROTO,
+        Errno::NOPROTOOPT,
+        Errno::NETDOWN,
+        Errno::NETUNREACH,
+        Errno::HOSTDOWN,
+        Errno::HOSTUNREACH,
+        Errno::OPNOTSUPP,
+        Errno::PERM,
+    ];
+    let errno = Errno::from_io_error(e);
     if matches!(
         e.kind(),
         ErrorKind::Interrupted
             | ErrorKind::WouldBlock
             | ErrorKind::ConnectionAborted
             | ErrorKind::ConnectionReset
-    ) || Errno::from_io_error(e) == Some(Errno::PROTO)
+    ) || errno.is_some_and(|n| peer.contains(&n))
     {
         return AcceptFailure::PeerGone;
     }
-    let short = [Errno::MFILE, Errno::NFILE, Errno::NOBUFS, Errno::NOMEM, Errno::PERM];
-    if Errno::from_io_error(e).is_some_and(|n| short.contains(&n)) {
+    let short = [Errno::MFILE, Errno::NFILE, Errno::NOBUFS, Errno::NOMEM];
+    if errno.is_some_and(|n| short.contains(&n)) {
         AcceptFailure::Transient
     } else {
         AcceptFailure::Fatal

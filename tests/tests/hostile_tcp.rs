@@ -431,3 +431,28 @@ fn accept_survives_ten_thousand_failed_handshakes() {
     assert_eq!(stats.accepted, 1, "{stats:?}");
     println!("after the scan: {stats:?}");
 }
+
+/// `Receiver::iter_results` hands a server the failure: a peer that sends
+/// a good message, then a broken frame, gives `Ok`, then the typed
+/// failure as the last item; `iter` would have stopped without a word.
+#[test]
+fn iter_results_ends_with_the_failure() {
+    let zc = zc();
+    let (listener, addr) = listen(&zc);
+    let (mut bad, server) = handshaken(&listener, addr, 8);
+    // bincode's encoding of the u32 7 is the byte 7.
+    bad.write_all(&data(0, &[7])).expect("write");
+    bad.write_all(&[MAGIC, (VERSION << 4) | 0xf]).expect("write");
+    bad.write_all(b" this is not a frame at all").expect("write");
+    let (_tx, rx) = server.split::<(), u32>();
+    let got: Vec<_> = rx.iter_results().collect();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(*got[0].as_ref().expect("the good message"), 7);
+    match &got[1] {
+        Err(zerocast::TypedRecvError::Recv(RecvError::Failed(ConnError::Frame(
+            FrameError::UnknownKind { .. },
+        )))) => {}
+        other => panic!("expected the frame failure, got {other:?}"),
+    }
+    assert!(rx.iter_results().next().is_some(), "a new iteration reports the failure again");
+}

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use zerocast::{Config, Connection, LinkConfig, Zerocast};
+use zerocast::{Config, Connection, LinkConfig, Listener, Zerocast};
 
 /// A transport under test: how to make a connected pair.
 #[derive(Debug, Clone)]
@@ -37,11 +37,16 @@ impl Transport {
         Transport { zc: Zerocast::with_config(cfg), listen_uri }
     }
 
-    /// A connected pair: (client, server).
-    pub fn pair(&self) -> (Connection, Connection) {
+    /// A listener at [`Transport::listen_uri`].
+    pub fn listen(&self) -> Listener {
         static N: AtomicU64 = AtomicU64::new(0);
         let uri = self.listen_uri.replace("{n}", &N.fetch_add(1, Ordering::Relaxed).to_string());
-        let listener = self.zc.listen(&uri).expect("listen");
+        self.zc.listen(&uri).expect("listen")
+    }
+
+    /// A connected pair: (client, server).
+    pub fn pair(&self) -> (Connection, Connection) {
+        let listener = self.listen();
         let at = listener.local_endpoint().to_string();
         let zc = self.zc.clone();
         let client = thread::spawn(move || zc.connect(&at).expect("connect"));

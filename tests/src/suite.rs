@@ -5,7 +5,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use zerocast::{ErrorKind, RecvError, SendError, TypedRecvError};
+use zerocast::{AcceptError, Connection, ErrorKind, RecvError, SendError, TypedRecvError};
 
 use crate::checksum;
 use crate::Transport;
@@ -370,4 +370,151 @@ pub fn oversize_is_rejected(t: &Transport) {
         }
         other => panic!("expected Rejected, got {other:?}"),
     }
+}
+
+/// `close` from another thread releases an `accept` blocked in its own,
+/// with `AcceptError::Closed`; every later accept says the same.
+pub fn listener_close_releases_accept(t: &Transport) {
+    let listener = t.listen();
+    let (entering, entered) = std::sync::mpsc::channel();
+    thread::scope(|s| {
+        let blocked = s.spawn(|| {
+            entering.send(()).expect("main thread");
+            listener.accept()
+        });
+        entered.recv().expect("the accepting thread started");
+        listener.close();
+        match blocked.join().expect("accept thread") {
+            Err(AcceptError::Closed) => {}
+            other => panic!("close must release the accept with Closed, got {other:?}"),
+        }
+    });
+    assert!(matches!(listener.accept(), Err(AcceptError::Closed)));
+    assert!(matches!(listener.try_accept(), Err(AcceptError::Closed)));
+    assert!(matches!(listener.accept_timeout(Duration::from_secs(5)), Err(AcceptError::Closed)));
+    listener.close();
+    assert_eq!(listener.stats().accepted, 0);
+}
+
+/// `try_accept` says `None` while nobody connects and gives the connection
+/// once a peer did; `accept_timeout` gives up with `Timeout` at its
+/// deadline, and the listener goes on working after it.
+pub fn try_accept_and_accept_timeout(t: &Transport) {
+    let listener = t.listen();
+    assert!(listener.try_accept().expect("an idle listener is fine").is_none());
+    let start = Instant::now();
+    match listener.accept_timeout(Duration::from_millis(100)) {
+        Err(AcceptError::Timeout) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(start.elapsed() >= Duration::from_millis(100), "{:?}", start.elapsed());
+    assert!(listener.try_accept().expect("still fine after a timeout").is_none());
+
+    let at = listener.local_endpoint().to_string();
+    let zc = t.zc.clone();
+    let client = thread::spawn(move || zc.connect(&at).expect("connect"));
+    // The handshake may still be under way (on RDMA, `try_accept` runs the
+    // listener's half of it): poll until the connection is there.
+    let start = Instant::now();
+    let server = loop {
+        if let Some(c) = listener.try_accept().expect("try_accept") {
+            break c;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "the connection never became ready");
+        thread::sleep(Duration::from_millis(1));
+    };
+    let client = client.join().expect("connect thread");
+    let mut buf = client.alloc(2).expect("alloc");
+    buf.copy_from_slice(b"hi");
+    client.send(buf).expect("send");
+    assert_eq!(&*server.recv_timeout(Duration::from_secs(10)).expect("recv"), b"hi");
+    assert!(listener.try_accept().expect("try_accept").is_none(), "one peer, one connection");
+    assert_eq!(listener.stats().accepted, 1);
+    drop((client, server));
+    t.assert_pool_drained(Duration::from_secs(10));
+}
+
+/// Each side of a connection closes with the last handle that uses it: a
+/// `Connection` clone holds both, a `Sender` the sending side, a
+/// `Receiver` the receiving side. Dropping one `Sender` of a split clone
+/// closes nothing while other handles can still send; the last one going
+/// makes the peer see `Disconnected`, while a `Receiver` left over still
+/// receives.
+pub fn handles_close_their_own_side(t: &Transport) {
+    let (client, server) = t.pair();
+    let timeout = Duration::from_secs(10);
+    let a = client.clone();
+    let b = client.clone();
+    let (tx_a, rx_a) = a.split::<u32, u32>();
+    let (tx_b, rx_b) = b.split::<u32, u32>();
+    let (peer_tx, peer_rx) = server.split::<u32, u32>();
+
+    drop(tx_a);
+    tx_b.send(1).expect("the other Sender still sends");
+    send_raw(&client, 2);
+    assert_eq!(peer_rx.recv_timeout(timeout).expect("peer receives from the Sender"), 1);
+    assert_eq!(peer_rx.recv_timeout(timeout).expect("peer receives from the Connection"), 2);
+
+    let tx_c = tx_b.clone();
+    drop(tx_b);
+    drop(client);
+    tx_c.send(3).expect("the last Sender still sends");
+    assert_eq!(peer_rx.recv_timeout(timeout).expect("peer receives"), 3);
+    assert!(matches!(peer_rx.try_recv(), Err(TypedRecvError::Recv(RecvError::Empty))), "still open");
+
+    // The receiving side is still held by the Receivers.
+    peer_tx.send(4).expect("peer sends");
+    assert_eq!(rx_a.recv_timeout(timeout).expect("a Receiver receives"), 4);
+
+    drop(tx_c);
+    match peer_rx.recv_timeout(timeout) {
+        Err(TypedRecvError::Recv(RecvError::Disconnected)) => {}
+        other => panic!("the last sending handle is gone: expected Disconnected, got {other:?}"),
+    }
+    // Half closed: the Receivers still receive.
+    peer_tx.send(5).expect("peer sends");
+    assert_eq!(rx_b.recv_timeout(timeout).expect("a Receiver receives after sending closed"), 5);
+    drop((rx_a, rx_b, peer_tx, peer_rx));
+    t.assert_pool_drained(timeout);
+}
+
+fn send_raw(conn: &Connection, n: u32) {
+    // The bincode encoding of a small u32 is one byte.
+    let mut buf = conn.alloc(1).expect("alloc");
+    buf[0] = n as u8;
+    conn.send(buf).expect("the Connection still sends");
+}
+
+/// `iter_results` yields every message and every message that does not
+/// decode, in order, and ends at the peer's clean close; `iter` stops at
+/// the first error.
+pub fn iter_results(t: &Transport) {
+    let (client, server) = t.pair();
+    let mut raw = client.alloc(3).expect("alloc");
+    raw.copy_from_slice(&[0xff, 0xff, 0xff]);
+    let (tx, _rx) = client.split::<String, ()>();
+    tx.send("one".into()).expect("send");
+    tx.connection().send(raw).expect("send raw");
+    tx.send("two".into()).expect("send");
+    drop(tx);
+    let (_tx, rx) = server.split::<(), String>();
+    let got: Vec<Result<String, TypedRecvError>> = rx.iter_results().collect();
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got[0].as_ref().expect("first"), "one");
+    assert!(matches!(got[1], Err(TypedRecvError::Decode(_))), "{:?}", got[1]);
+    assert_eq!(got[2].as_ref().expect("third"), "two");
+    assert!(rx.iter_results().next().is_none(), "ended for good after Disconnected");
+
+    // `iter` ends quietly at the bad message.
+    let (client, server) = t.pair();
+    let (tx, _rx) = client.split::<String, ()>();
+    tx.send("one".into()).expect("send");
+    let mut raw = tx.connection().alloc(3).expect("alloc");
+    raw.copy_from_slice(&[0xff, 0xff, 0xff]);
+    tx.connection().send(raw).expect("send raw");
+    tx.send("two".into()).expect("send");
+    let (_tx, rx) = server.split::<(), String>();
+    let got: Vec<String> = rx.iter().collect();
+    assert_eq!(got, ["one"]);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).expect("the connection is fine"), "two");
 }

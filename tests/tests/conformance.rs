@@ -57,6 +57,26 @@ macro_rules! conformance {
             fn oversize_is_rejected() {
                 suite::oversize_is_rejected(&transport());
             }
+
+            #[test]
+            fn listener_close_releases_accept() {
+                suite::listener_close_releases_accept(&transport());
+            }
+
+            #[test]
+            fn try_accept_and_accept_timeout() {
+                suite::try_accept_and_accept_timeout(&transport());
+            }
+
+            #[test]
+            fn handles_close_their_own_side() {
+                suite::handles_close_their_own_side(&transport());
+            }
+
+            #[test]
+            fn iter_results() {
+                suite::iter_results(&transport());
+            }
         }
     };
 }

@@ -108,6 +108,30 @@ macro_rules! conformance {
                 run(suite::oversize_is_rejected);
             }
 
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn listener_close_releases_accept() {
+                run(suite::listener_close_releases_accept);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn try_accept_and_accept_timeout() {
+                run(suite::try_accept_and_accept_timeout);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn handles_close_their_own_side() {
+                run(suite::handles_close_their_own_side);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn iter_results() {
+                run(suite::iter_results);
+            }
+
             /// Both ends report the scheme they connected with.
             #[test]
             #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
@@ -322,4 +346,42 @@ fn peer_killed_mid_stream() {
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
 fn peer_killed_mid_stream_oob() {
     peer_killed("rc+oob", "peer_killed_mid_stream_oob");
+}
+
+/// `rc+oob://`: peers that send garbage on the side channel or hang up at
+/// once are counted as failed handshakes, never returned by the accept
+/// that waits meanwhile; it hands out the good client that comes next.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn oob_failed_handshakes_are_counted_not_returned() {
+    use std::io::Write;
+    const BAD: u64 = 20;
+    let t = transport_with("rc+oob", 16, RcConfig::default());
+    let listener = t.listen();
+    let addr: std::net::SocketAddr = listener.local_endpoint().authority().parse().expect("address");
+    thread::scope(|s| {
+        let acceptor = s.spawn(|| listener.accept());
+        for i in 0..BAD {
+            let mut c = std::net::TcpStream::connect(addr).expect("connect");
+            if i % 2 == 0 {
+                let _ = c.write_all(&[0x5a; 100]);
+            }
+        }
+        let start = Instant::now();
+        while listener.stats().handshakes_failed < BAD {
+            assert!(start.elapsed() < Duration::from_secs(60), "not counted: {:?}", listener.stats());
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!acceptor.is_finished(), "accept returned for a bad peer");
+        let client = t.zc.connect(&listener.local_endpoint().to_string()).expect("a good client connects");
+        let server = acceptor.join().expect("accept thread").expect("the good client is accepted");
+        let mut buf = client.alloc(2).expect("alloc");
+        buf.copy_from_slice(b"ok");
+        client.send(buf).expect("send");
+        assert_eq!(&*server.recv_timeout(Duration::from_secs(10)).expect("recv"), b"ok");
+    });
+    let stats = listener.stats();
+    assert_eq!((stats.accepted, stats.handshakes_failed), (1, BAD), "{stats:?}");
+    drop(listener);
+    assert_rc_pool_drained(&t);
 }

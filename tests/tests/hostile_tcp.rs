@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use zerocast::core::frame::{MAGIC, VERSION};
 use zerocast::core::handshake::HELLO_LEN;
 use zerocast::core::{CreditError, FrameError, FrameKind, Header, Hello, HEADER_LEN};
-use zerocast::{Config, ConnError, ConnectError, ErrorKind, Listener, RecvError, TcpConfig, Zerocast};
+use zerocast::{AcceptError, Config, ConnError, ErrorKind, Listener, RecvError, TcpConfig, Zerocast};
 
 fn zc() -> Zerocast {
     let mut cfg = Config::default();
@@ -61,6 +61,17 @@ fn check_good_peer(zc: &Zerocast, listener: &Listener) {
     drop(client.join());
 }
 
+/// Wait until the listener counted `n` failed handshakes (counted by the
+/// handshake threads, so a moment after the peers are gone).
+fn wait_failed(listener: &Listener, n: u64, within: Duration) {
+    let start = Instant::now();
+    while listener.stats().handshakes_failed < n {
+        assert!(start.elapsed() < within, "{n} failed handshakes not counted: {:?}", listener.stats());
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(listener.stats().handshakes_failed, n, "{:?}", listener.stats());
+}
+
 fn expect_failure(conn: &zerocast::Connection) -> ConnError {
     let start = Instant::now();
     loop {
@@ -76,15 +87,17 @@ fn expect_failure(conn: &zerocast::Connection) -> ConnError {
 fn garbage_instead_of_a_handshake_is_refused() {
     let zc = zc();
     let (listener, addr) = listen(&zc);
-    for junk in [&b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..], &[0u8; 40], &[0x5a; 40]] {
+    for (i, junk) in
+        [&b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..], &[0u8; 40], &[0x5a; 40]].into_iter().enumerate()
+    {
         let mut s = TcpStream::connect(addr).expect("connect");
         s.write_all(junk).expect("write");
-        match listener.accept() {
-            Err(ConnectError::Handshake { .. }) => {}
-            other => panic!("expected a handshake error, got {other:?}"),
-        }
+        // Counted, never handed to accept.
+        wait_failed(&listener, i as u64 + 1, Duration::from_secs(5));
+        assert!(listener.try_accept().expect("the listener is fine").is_none());
     }
     check_good_peer(&zc, &listener);
+    assert_eq!(listener.stats().accepted, 1);
 }
 
 #[test]
@@ -93,11 +106,12 @@ fn silent_peer_times_out_the_handshake() {
     let (listener, addr) = listen(&zc);
     let _silent = TcpStream::connect(addr).expect("connect");
     let t0 = Instant::now();
-    match listener.accept() {
-        Err(ConnectError::Handshake { source: ConnError::TimedOut(_), .. }) => {}
-        other => panic!("expected a handshake timeout, got {other:?}"),
+    match listener.accept_timeout(Duration::from_millis(300)) {
+        Err(AcceptError::Timeout) => {}
+        other => panic!("the silent peer is no connection: {other:?}"),
     }
-    assert!(t0.elapsed() < Duration::from_secs(5));
+    wait_failed(&listener, 1, Duration::from_secs(5));
+    assert!(t0.elapsed() >= Duration::from_millis(500), "failed at the handshake timeout, not before");
     check_good_peer(&zc, &listener);
 }
 
@@ -241,7 +255,9 @@ fn silent_peer_does_not_delay_others() {
     b.copy_from_slice(b"hi");
     good.send(b).expect("send");
     assert_eq!(&*first.recv_timeout(Duration::from_secs(5)).expect("recv"), b"hi");
-    assert!(matches!(listener.accept(), Err(ConnectError::Handshake { source: ConnError::TimedOut(_), .. })));
+    // The silent peer times out, counted and never handed to accept.
+    wait_failed(&listener, 1, Duration::from_secs(10));
+    assert!(listener.try_accept().expect("the listener is fine").is_none());
 }
 
 /// Hostile cases run against one listener by
@@ -374,4 +390,76 @@ fn hostile_cases_fail_only_their_connection() {
     println!("{cases} hostile connections in {elapsed:?}: {failed} failed with a typed error; {sent} good messages beside them; RSS grew {growth} KiB after warm-up");
     assert!(growth < 64 * 1024, "memory grew by {growth} KiB over {cases} hostile connections");
     zerocast_tests::assert_pool_drained(&zc.pool().expect("pool"), Duration::from_secs(10));
+}
+
+/// A port scan against a listener with an application blocked in
+/// `accept`: 10 000 raw connections that hang up at once or send garbage.
+/// The accept never returns for them; each is counted as a failed
+/// handshake; a good client that then connects is accepted and talks.
+#[test]
+fn accept_survives_ten_thousand_failed_handshakes() {
+    const SCANS: u64 = 10_000;
+    let zc = zc();
+    let (listener, addr) = listen(&zc);
+    thread::scope(|s| {
+        let acceptor = s.spawn(|| listener.accept());
+        let scanners: Vec<_> = (0..2u64)
+            .map(|t| {
+                s.spawn(move || {
+                    for i in 0..SCANS / 2 {
+                        let mut c = TcpStream::connect(addr).expect("connect");
+                        if (i + t) % 2 == 0 {
+                            // Whether the write lands before the server
+                            // gives up does not matter.
+                            let _ = c.write_all(b"SSH-2.0-OpenSSH_9.6\r\n");
+                        }
+                    }
+                })
+            })
+            .collect();
+        for scanner in scanners {
+            scanner.join().expect("scanner");
+        }
+        assert!(!acceptor.is_finished(), "accept returned during the scan");
+        let at = listener.local_endpoint().to_string();
+        let client = zc.connect(&at).expect("a good client connects after the scan");
+        let server = acceptor.join().expect("accept thread").expect("the good client is accepted");
+        let (tx, rx) = client.split::<u64, u64>();
+        let (reply, requests) = server.split::<u64, u64>();
+        for n in 0..100u64 {
+            tx.send(n).expect("send");
+            let got = requests.recv_timeout(Duration::from_secs(5)).expect("the server receives");
+            reply.send(got * 2).expect("reply");
+            assert_eq!(rx.recv_timeout(Duration::from_secs(5)).expect("the client receives"), n * 2);
+        }
+    });
+    wait_failed(&listener, SCANS, Duration::from_secs(60));
+    let stats = listener.stats();
+    assert_eq!(stats.accepted, 1, "{stats:?}");
+    println!("after the scan: {stats:?}");
+}
+
+/// `Receiver::iter_results` hands a server the failure: a peer that sends
+/// a good message, then a broken frame, gives `Ok`, then the typed
+/// failure as the last item; `iter` would have stopped without a word.
+#[test]
+fn iter_results_ends_with_the_failure() {
+    let zc = zc();
+    let (listener, addr) = listen(&zc);
+    let (mut bad, server) = handshaken(&listener, addr, 8);
+    // bincode's encoding of the u32 7 is the byte 7.
+    bad.write_all(&data(0, &[7])).expect("write");
+    bad.write_all(&[MAGIC, (VERSION << 4) | 0xf]).expect("write");
+    bad.write_all(b" this is not a frame at all").expect("write");
+    let (_tx, rx) = server.split::<(), u32>();
+    let got: Vec<_> = rx.iter_results().collect();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(*got[0].as_ref().expect("the good message"), 7);
+    match &got[1] {
+        Err(zerocast::TypedRecvError::Recv(RecvError::Failed(ConnError::Frame(
+            FrameError::UnknownKind { .. },
+        )))) => {}
+        other => panic!("expected the frame failure, got {other:?}"),
+    }
+    assert!(rx.iter_results().next().is_some(), "a new iteration reports the failure again");
 }

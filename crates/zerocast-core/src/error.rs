@@ -429,6 +429,53 @@ impl ConnectError {
     }
 }
 
+/// Why a listener handed out no connection.
+///
+/// A peer whose handshake fails is never reported here: the listener counts
+/// it ([`ListenerStats::handshakes_failed`](crate::ListenerStats)), logs it
+/// at `debug` and waits for the next peer. So every variant but
+/// [`AcceptError::Timeout`] means the listener is done, and an accept loop
+/// may end on any error:
+///
+/// ```ignore
+/// loop {
+///     let conn = listener.accept()?;
+///     // ...
+/// }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AcceptError {
+    /// The listener was closed, before or while waiting.
+    #[error("the listener was closed")]
+    Closed,
+    /// No connection came within the time given (timed and non-blocking
+    /// accepts only). The listener keeps working.
+    #[error("no connection arrived in time")]
+    Timeout,
+    /// The listener itself failed (its socket or event channel broke); it
+    /// will accept nothing more. Listen again.
+    #[error("the listener failed; listen again")]
+    Failed(#[source] ConnectError),
+}
+
+impl AcceptError {
+    /// Whether the listener is done for good (anything but a timeout).
+    pub fn is_fatal(&self) -> bool {
+        !matches!(self, AcceptError::Timeout)
+    }
+
+    /// What kind of failure this is: [`ErrorKind::Closed`], [`ErrorKind::Timeout`],
+    /// or the kind of the listener's own failure.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            AcceptError::Closed => ErrorKind::Closed,
+            AcceptError::Timeout => ErrorKind::Timeout,
+            AcceptError::Failed(e) => e.kind(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,12 +32,12 @@ pub mod uri;
 
 pub use config::{negotiated_heartbeat, ConfigError, LinkConfig, HEARTBEAT_MISSES, MIN_HEARTBEAT};
 pub use credit::{Blocked, CreditError, Credits, Reservation, Stamp};
-pub use error::{Classify, ConnError, ConnectError, ErrorKind, RecvError, SendError};
+pub use error::{AcceptError, Classify, ConnError, ConnectError, ErrorKind, RecvError, SendError};
 pub use frame::{
     check_datagram, check_datagram_trailer, FrameError, FrameKind, Header, MalformedDatagram, HEADER_LEN,
 };
 pub use handshake::{HandshakeError, Hello};
 pub use seq::{Arrival, SeqStats, SeqTracker};
 pub use sources::{SourceTable, DEFAULT_MAX_SOURCES};
-pub use transport::{Caps, Connection, Datagram, Listener, Transport, TxBuffer};
+pub use transport::{Caps, Connection, Datagram, Listener, ListenerStats, Transport, TxBuffer};
 pub use uri::{Endpoint, Scheme, TransportList, UriError};

@@ -8,7 +8,7 @@
 use std::ops::{Deref, DerefMut};
 use std::time::Instant;
 
-use crate::error::{ConnectError, RecvError, SendError};
+use crate::error::{AcceptError, ConnectError, RecvError, SendError};
 use crate::uri::Endpoint;
 
 /// What a transport guarantees and offers.
@@ -77,14 +77,49 @@ pub trait Connection: Send + Sync + 'static {
 }
 
 /// Accepts connections.
-pub trait Listener: Send + 'static {
+///
+/// Only what ends the listener is an error of [`Listener::accept`]: a peer
+/// whose handshake fails (a port scanner, a peer speaking another protocol,
+/// a client that gives up) is counted in [`Listener::stats`] and logged at
+/// `debug`, and the accept goes on waiting for the next peer.
+pub trait Listener: Send + Sync + 'static {
     /// The connections it yields.
     type Conn: Connection;
-    /// Wait for the next connection. A failed handshake with one peer is
-    /// reported and does not close the listener.
-    fn accept(&self) -> Result<Self::Conn, ConnectError>;
+    /// Wait until `deadline` (`None`: for as long as it takes) for the next
+    /// connection. [`AcceptError::Timeout`] once the deadline passed (a
+    /// deadline already past makes it a non-blocking poll),
+    /// [`AcceptError::Closed`] once [`Listener::close`] was called.
+    fn accept_until(&self, deadline: Option<Instant>) -> Result<Self::Conn, AcceptError>;
+    /// Wait for the next connection.
+    fn accept(&self) -> Result<Self::Conn, AcceptError> {
+        self.accept_until(None)
+    }
+    /// Stop accepting: a thread blocked in an accept returns
+    /// [`AcceptError::Closed`], and so does every later accept. Peers
+    /// connecting from now on are refused. Connections already handed out
+    /// are not affected.
+    fn close(&self);
+    /// Counters: connections accepted, handshakes failed.
+    fn stats(&self) -> ListenerStats;
     /// Where peers can connect (with the bound port when 0 was asked for).
     fn local_endpoint(&self) -> &Endpoint;
+}
+
+/// A listener's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListenerStats {
+    /// Connections handed out by an accept.
+    pub accepted: u64,
+    /// Peers whose handshake failed: garbage, silence past the handshake
+    /// timeout, a peer that hung up, an incompatible hello.
+    pub handshakes_failed: u64,
+    /// Peers turned away by the listener's own limits (an RDMA listener
+    /// whose shared receive queue has no share left).
+    pub refused: u64,
+    /// Transient errors from the operating system while accepting (out of
+    /// file descriptors, say); the listener paused briefly and went on.
+    pub accept_errors: u64,
 }
 
 /// A connection-oriented transport: listen and connect.

@@ -225,6 +225,12 @@ impl Endpoint {
         Endpoint { scheme, ..self.clone() }
     }
 
+    /// The same endpoint at another host (or `mem://` name), for example
+    /// the name a `mem://` listener chose.
+    pub fn with_host(&self, host: &str) -> Endpoint {
+        Endpoint { host: host.to_owned(), ..self.clone() }
+    }
+
     /// The same endpoint on another port (for example the port a listener bound).
     pub fn with_port(&self, port: u16) -> Endpoint {
         Endpoint { port: Some(port), ..self.clone() }

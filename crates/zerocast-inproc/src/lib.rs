@@ -7,18 +7,24 @@
 //! want real flow control without sockets.
 //!
 //! It does **not** cross process boundaries, and names live in one
-//! process-wide registry: listening on a name that is taken fails.
+//! process-wide registry: listening on a name that is taken fails. A name
+//! that ends in `:0` asks for a fresh one, as port 0 does on the network:
+//! `mem://:0` listens at `mem://anon-N` and `mem://jobs:0` at `mem://jobs-N`,
+//! with `N` a number no listener of this process has used; the listener's
+//! `local_endpoint` tells which.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
+use std::time::Instant;
 
 use crossbeam_channel::{bounded, Receiver, Sender};
-use zerocast_core::{Caps, ConnectError, Endpoint, LinkConfig, Scheme};
-use zerocast_link::{Driver, Flavor, LinkSetup};
+use zerocast_core::{AcceptError, Caps, ConnectError, Endpoint, LinkConfig, ListenerStats, Scheme};
+use zerocast_link::{CloseSignal, Driver, Flavor, LinkSetup, ListenerCounters};
 use zerocast_mem::Pool;
 
 /// The in-process flavor of [`zerocast_link::Connection`].
@@ -37,8 +43,38 @@ pub type MemConnection = zerocast_link::Connection<Inproc>;
 /// half, already handshaken, and its writer to start.
 type Pending = MemConnection;
 
-/// Listening names of this process: each name's backlog and settings.
-type Registry = Mutex<HashMap<String, (Sender<Pending>, LinkConfig)>>;
+/// A listening name: its backlog, settings and counters.
+#[derive(Clone)]
+struct Entry {
+    backlog: Sender<Pending>,
+    link: LinkConfig,
+    shared: Arc<Shared>,
+}
+
+/// Listening names of this process.
+type Registry = Mutex<HashMap<String, Entry>>;
+
+/// What a listener shares with the connecting threads.
+#[derive(Debug, Default)]
+struct Shared {
+    close: CloseSignal,
+    counters: ListenerCounters,
+}
+
+/// The suffix a listening name asks a fresh name with.
+const ANY: &str = ":0";
+
+/// A name not in `reg`, for a listener that asked for `prefix:0`.
+fn fresh_name(reg: &HashMap<String, Entry>, prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let prefix = if prefix.is_empty() { "anon" } else { prefix };
+    loop {
+        let name = format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        if !reg.contains_key(&name) {
+            return name;
+        }
+    }
+}
 
 fn registry() -> &'static Registry {
     static REG: OnceLock<Registry> = OnceLock::new();
@@ -85,17 +121,20 @@ impl zerocast_core::Transport for MemTransport {
     fn listen(&self, ep: &Endpoint) -> Result<MemListener, ConnectError> {
         let link = self.link_config(ep)?;
         let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
-        if reg.contains_key(ep.host()) {
-            return Err(ConnectError::InUse(ep.to_string()));
-        }
+        let local = match ep.host().strip_suffix(ANY) {
+            Some(prefix) => ep.with_host(&fresh_name(&reg, prefix)),
+            None if reg.contains_key(ep.host()) => return Err(ConnectError::InUse(ep.to_string())),
+            None => ep.clone(),
+        };
         let (tx, rx) = bounded(128);
-        reg.insert(ep.host().to_owned(), (tx, link));
-        Ok(MemListener { rx, local: ep.clone() })
+        let shared = Arc::new(Shared::default());
+        reg.insert(local.host().to_owned(), Entry { backlog: tx, link, shared: shared.clone() });
+        Ok(MemListener { rx, local, shared })
     }
 
     fn connect(&self, ep: &Endpoint) -> Result<MemConnection, ConnectError> {
         let link = self.link_config(ep)?;
-        let (backlog, server_link) = registry()
+        let Entry { backlog, link: server_link, shared } = registry()
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(ep.host())
@@ -118,13 +157,20 @@ impl zerocast_core::Transport for MemTransport {
             config: server_link,
             peer_hello: client_hello,
             pool: self.pool.clone(),
-            peer: peer_of_server,
+            peer: peer_of_server.clone(),
             repost: false,
         })
-        .map_err(handshake)?;
+        .map_err(|e| {
+            // The listener's side refused the connector's hello.
+            shared.counters.handshake_failed(&peer_of_server, &e);
+            handshake(e)
+        })?;
         let io = |e| ConnectError::Io { endpoint: ep.to_string(), source: e };
         pump(c_driver.clone(), s_driver.clone(), "c2s").map_err(io)?;
         pump(s_driver, c_driver, "s2c").map_err(io)?;
+        if shared.close.is_closed() {
+            return Err(ConnectError::Refused(ep.to_string()));
+        }
         backlog
             .try_send(MemConnection::new(s_link, ()))
             .map_err(|_| ConnectError::Refused(ep.to_string()))?;
@@ -156,22 +202,108 @@ fn pump(from: Driver, to: Driver, dir: &str) -> std::io::Result<()> {
 pub struct MemListener {
     rx: Receiver<Pending>,
     local: Endpoint,
+    shared: Arc<Shared>,
+}
+
+impl MemListener {
+    fn shut(&self) {
+        if self.shared.close.close() {
+            let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+            // The name may be another listener's by now only if this one
+            // was removed before; remove only our own entry.
+            if reg.get(self.local.host()).is_some_and(|e| Arc::ptr_eq(&e.shared, &self.shared)) {
+                reg.remove(self.local.host());
+            }
+        }
+    }
 }
 
 impl Drop for MemListener {
     fn drop(&mut self) {
-        registry().lock().unwrap_or_else(|p| p.into_inner()).remove(self.local.host());
+        self.shut();
     }
 }
 
 impl zerocast_core::Listener for MemListener {
     type Conn = MemConnection;
 
-    fn accept(&self) -> Result<MemConnection, ConnectError> {
-        self.rx.recv().map_err(|_| ConnectError::Closed)
+    fn accept_until(&self, deadline: Option<Instant>) -> Result<MemConnection, AcceptError> {
+        let conn = self.shared.close.wait(&self.rx, deadline)?;
+        self.shared.counters.accepted();
+        Ok(conn)
+    }
+
+    fn close(&self) {
+        self.shut();
+    }
+
+    fn stats(&self) -> ListenerStats {
+        self.shared.counters.stats()
     }
 
     fn local_endpoint(&self) -> &Endpoint {
         &self.local
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use zerocast_core::{Connection as _, Listener as _, Transport as _};
+    use zerocast_mem::PoolConfig;
+
+    use super::*;
+
+    fn transport() -> MemTransport {
+        let pool = Pool::unregistered(PoolConfig::default()).expect("pool");
+        MemTransport::new(pool, LinkConfig::default().with_max_payload(4096)).expect("transport")
+    }
+
+    fn ep(s: &str) -> Endpoint {
+        Endpoint::parse(s).expect("endpoint")
+    }
+
+    #[test]
+    fn a_name_ending_in_colon_zero_is_a_fresh_one() {
+        let t = transport();
+        let a = t.listen(&ep("mem://:0?window=8")).expect("listen");
+        let b = t.listen(&ep("mem://:0")).expect("a second anonymous listener");
+        let named = t.listen(&ep("mem://jobs:0")).expect("listen with a prefix");
+        let (na, nb) = (a.local_endpoint().host(), b.local_endpoint().host());
+        assert_ne!(na, nb);
+        assert!(na.starts_with("anon-") && nb.starts_with("anon-"), "{na} {nb}");
+        assert!(named.local_endpoint().host().starts_with("jobs-"), "{}", named.local_endpoint());
+        assert_eq!(a.local_endpoint().param("window"), Some("8"), "parameters are kept");
+        assert!(!a.local_endpoint().to_string().contains(":0"), "{}", a.local_endpoint());
+
+        // Peers reach each listener at the endpoint it reports.
+        let client = t.connect(a.local_endpoint()).expect("connect");
+        let server = a.accept_until(None).expect("accept");
+        let mut buf = client.alloc(2, None).expect("alloc");
+        buf.copy_from_slice(b"hi");
+        client.send(buf, None).expect("send");
+        let got = server.recv(None).expect("recv");
+        assert_eq!(&*got, b"hi");
+        assert!(matches!(b.accept_until(Some(std::time::Instant::now())), Err(AcceptError::Timeout)));
+        assert_eq!((a.stats().accepted, b.stats().accepted), (1, 0));
+    }
+
+    #[test]
+    fn a_closed_listener_refuses_and_frees_its_name() {
+        let t = transport();
+        let l = t.listen(&ep("mem://closing-test")).expect("listen");
+        assert!(matches!(t.listen(&ep("mem://closing-test")), Err(ConnectError::InUse(_))));
+        l.close();
+        assert!(matches!(t.connect(&ep("mem://closing-test")), Err(ConnectError::Refused(_))));
+        assert!(matches!(
+            l.accept_until(Some(std::time::Instant::now() + Duration::from_secs(5))),
+            Err(AcceptError::Closed)
+        ));
+        let again = t.listen(&ep("mem://closing-test")).expect("the name is free again");
+        drop(l);
+        // Dropping the closed listener leaves the new one's name alone.
+        t.connect(again.local_endpoint()).expect("the new listener still listens");
+        assert_eq!(again.stats().accepted, 0);
     }
 }

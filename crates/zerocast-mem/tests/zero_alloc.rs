@@ -64,8 +64,15 @@ fn failing_at_the_cap_does_not_touch_the_heap() {
     let cfg = PoolConfig::default().with_classes([1024]).with_region_size(4096).with_max_bytes(4096);
     let pool = Pool::unregistered(cfg).unwrap();
     let held: Vec<_> = (0..4).map(|_| pool.alloc(1, Wait::No).unwrap()).collect();
-    let (exhausted, n1) = counted(|| matches!(pool.alloc(1, Wait::No), Err(PoolError::Exhausted { .. })));
-    let (timed_out, n2) = counted(|| {
+    // The counter sees every thread of the process, and a timed wait gives
+    // the test harness's own threads time to allocate: an allocation on
+    // these paths shows up on every try, a stray one not, so the fewest
+    // of a few tries is what the paths cost.
+    let fewest = |f: &dyn Fn() -> bool| {
+        (0..5).map(|_| counted(f)).fold((true, usize::MAX), |(ok, n), (r, k)| (ok && r, n.min(k)))
+    };
+    let (exhausted, n1) = fewest(&|| matches!(pool.alloc(1, Wait::No), Err(PoolError::Exhausted { .. })));
+    let (timed_out, n2) = fewest(&|| {
         matches!(pool.alloc(1, Wait::For(Duration::from_millis(1))), Err(PoolError::Timeout { .. }))
     });
     assert!(exhausted && timed_out);

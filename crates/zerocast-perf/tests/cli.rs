@@ -245,16 +245,11 @@ fn a_separate_server_process_serves_one_client() {
 
 #[test]
 fn a_peer_that_does_not_speak_zerocast_is_not_the_client() {
-    let (mut server, mut stderr, port) = server();
-    // Bytes that are no zerocast handshake, then a peer that says nothing.
+    let (mut server, _stderr, port) = server();
+    // Bytes that are no zerocast handshake, then a peer that says nothing:
+    // the listener skips both (they are counted, not reported).
     let mut junk = std::net::TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
     std::io::Write::write_all(&mut junk, &[0xAA; 512]).unwrap();
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    assert!(
-        line.contains("a client could not connect") && line.contains("does not speak zerocast"),
-        "{line}"
-    );
     let silent = std::net::TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
     // The server is still there, for a real client.
     let out = ok(&["127.0.0.1", "-p", &port, "-n", "500", "-s", "64", "--json"]);

@@ -27,15 +27,11 @@ struct SendSide<C> {
     hint: AtomicUsize,
 }
 
-impl<C> Drop for SendSide<C> {
-    fn drop(&mut self) {
-        self.conn.close();
-    }
-}
-
-/// The sending half of a typed channel. Clones share it; when the last
-/// clone drops, the peer's receiver sees a disconnect after the messages
-/// already sent.
+/// The sending half of a typed channel. Clones share it. Sending closes
+/// when the last handle that can send is gone: every clone of every
+/// `Sender` split from the connection, and every [`Connection`] clone.
+/// Then the peer's receiver sees a disconnect after the messages already
+/// sent.
 ///
 /// Messages are serialized straight into a pooled send buffer: no
 /// intermediate `Vec`.
@@ -67,7 +63,8 @@ impl<T, C: Codec> Sender<T, C> {
         Self { side: Arc::new(side), _t: PhantomData }
     }
 
-    /// The underlying connection.
+    /// The underlying connection. This handle (and its clones) holds only
+    /// the sending side open, as the `Sender` does.
     pub fn connection(&self) -> &Connection {
         &self.side.conn
     }
@@ -182,13 +179,11 @@ struct RecvSide<C> {
     limit: usize,
 }
 
-impl<C> Drop for RecvSide<C> {
-    fn drop(&mut self) {
-        self.conn.close_receiver();
-    }
-}
-
-/// The receiving half of a typed channel. Clones share it.
+/// The receiving half of a typed channel. Clones share it. Receiving
+/// closes (messages still arriving are released at once, returning their
+/// credits) when the last handle that can receive is gone: every clone of
+/// every `Receiver` split from the connection, and every [`Connection`]
+/// clone.
 ///
 /// After the peer's sender closes, buffered messages are received first,
 /// then [`RecvError::Disconnected`], as with crossbeam channels.
@@ -215,7 +210,8 @@ impl<T, C: Codec> Receiver<T, C> {
         Self { side: Arc::new(RecvSide { conn, codec, limit }), _t: PhantomData }
     }
 
-    /// The underlying connection.
+    /// The underlying connection. This handle (and its clones) holds only
+    /// the receiving side open, as the `Receiver` does.
     pub fn connection(&self) -> &Connection {
         &self.side.conn
     }
@@ -237,9 +233,52 @@ impl<T: DeserializeOwned, C: Codec> Receiver<T, C> {
         self.decode(self.side.conn.recv_timeout(timeout))
     }
 
-    /// An iterator that receives until the peer disconnects.
+    /// An iterator of messages that ends at the first error of any kind,
+    /// **silently**: the peer's clean close, but also a connection failure
+    /// or a message that does not decode. For a server that must tell those
+    /// apart, use [`Receiver::iter_results`].
     pub fn iter(&self) -> impl Iterator<Item = T> + '_ {
         std::iter::from_fn(move || self.recv().ok())
+    }
+
+    /// An iterator of every receive's outcome, errors included, for servers
+    /// that must see them. It yields each message as `Ok`, and each one
+    /// that does not decode as `Err(TypedRecvError::Decode)` and goes on
+    /// (the connection is fine). It ends after the peer's clean close
+    /// ([`RecvError::Disconnected`], which it does not yield), or after
+    /// yielding the error that failed the connection
+    /// (`TypedRecvError::Recv(RecvError::Failed(_))`), the last item.
+    ///
+    /// ```no_run
+    /// # let rx: zerocast::Receiver<String> = zerocast::connect("tcp://127.0.0.1:7000")?.split::<(), String>().1;
+    /// for msg in rx.iter_results() {
+    ///     match msg {
+    ///         Ok(msg) => println!("{msg}"),
+    ///         Err(e) => eprintln!("{e}"),
+    ///     }
+    /// }
+    /// # Ok::<(), zerocast::Error>(())
+    /// ```
+    pub fn iter_results(&self) -> impl Iterator<Item = Result<T, TypedRecvError>> + '_ {
+        let mut done = false;
+        std::iter::from_fn(move || {
+            if done {
+                return None;
+            }
+            match self.recv() {
+                Ok(msg) => Some(Ok(msg)),
+                Err(TypedRecvError::Recv(RecvError::Disconnected)) => {
+                    done = true;
+                    None
+                }
+                Err(e @ TypedRecvError::Decode(_)) => Some(Err(e)),
+                Err(e) => {
+                    // A failure (nothing else comes from a blocking receive).
+                    done = true;
+                    Some(Err(e))
+                }
+            }
+        })
     }
 
     fn decode(&self, r: Result<zerocast_link::RecvBuf, RecvError>) -> Result<T, TypedRecvError> {

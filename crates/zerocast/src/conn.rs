@@ -1,14 +1,17 @@
 //! The raw, zero-copy connection API and the listener.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use zerocast_core::{Caps, Connection as _, Endpoint, Listener as _, RecvError, Scheme, SendError};
+use zerocast_core::{
+    AcceptError, Caps, Connection as _, Endpoint, Listener as _, ListenerStats, RecvError, Scheme, SendError,
+};
 use zerocast_link::{LinkStats, RecvBuf};
 use zerocast_mem::{Buf, PoolError};
 
 use crate::channel::{Receiver, Sender};
 use crate::codec::{Bincode, Codec};
-use crate::ConnectError;
 
 /// The backends a connection can be. Private: users see one [`Connection`].
 #[derive(Debug, Clone)]
@@ -45,16 +48,82 @@ fn deadline(d: Duration) -> Option<Instant> {
 /// gives the receive buffer itself, reposted when dropped. For typed
 /// messages, [`Connection::split`] it into a [`Sender`] and a [`Receiver`].
 ///
-/// Clones share the connection. It closes when the last clone drops;
-/// messages already sent are still delivered.
-#[derive(Debug, Clone)]
+/// Clones share the connection. Each side of it stays open while a handle
+/// that uses it lives: sending closes (the peer sees a disconnect after the
+/// messages already sent) when the last `Connection` clone and the last
+/// [`Sender`] are gone, and receiving closes (messages still arriving are
+/// released at once) when the last `Connection` clone and the last
+/// [`Receiver`] are gone. [`Connection::close`] closes sending for every
+/// handle at once.
+#[derive(Debug)]
 pub struct Connection {
     flavor: Flavor,
+    /// The sides this handle holds open, and the count of every handle's.
+    role: Role,
+    ends: Arc<Ends>,
+}
+
+/// The sides of a connection a handle holds open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// A `Connection`: both.
+    Both,
+    /// A [`Sender`]'s connection: the sending side.
+    Send,
+    /// A [`Receiver`]'s connection: the receiving side.
+    Recv,
+}
+
+impl Role {
+    fn sends(self) -> bool {
+        self != Role::Recv
+    }
+    fn receives(self) -> bool {
+        self != Role::Send
+    }
+}
+
+/// How many handles hold each side of one connection open.
+#[derive(Debug)]
+struct Ends {
+    send: AtomicUsize,
+    recv: AtomicUsize,
+}
+
+impl Clone for Connection {
+    fn clone(&self) -> Self {
+        self.with_role(self.role)
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // The last handle of a side closes it; `AcqRel` orders every use
+        // of the side by other handles before the close.
+        if self.role.sends() && self.ends.send.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.close();
+        }
+        if self.role.receives() && self.ends.recv.fetch_sub(1, Ordering::AcqRel) == 1 {
+            each!(&self.flavor, c => c.close_receiver());
+        }
+    }
 }
 
 impl Connection {
     pub(crate) fn new(flavor: Flavor) -> Self {
-        Self { flavor }
+        let ends = Arc::new(Ends { send: AtomicUsize::new(1), recv: AtomicUsize::new(1) });
+        Self { flavor, role: Role::Both, ends }
+    }
+
+    /// Another handle of this connection that holds `role`'s sides open.
+    fn with_role(&self, role: Role) -> Self {
+        if role.sends() {
+            self.ends.send.fetch_add(1, Ordering::Relaxed);
+        }
+        if role.receives() {
+            self.ends.recv.fetch_add(1, Ordering::Relaxed);
+        }
+        Self { flavor: self.flavor.clone(), role, ends: self.ends.clone() }
     }
 
     fn link(&self) -> &zerocast_link::Link {
@@ -174,18 +243,21 @@ impl Connection {
         })
     }
 
-    pub(crate) fn close_receiver(&self) {
-        each!(&self.flavor, c => c.close_receiver())
-    }
-
     /// Typed halves with the default codec (bincode).
     pub fn split<S, R>(self) -> (Sender<S>, Receiver<R>) {
         self.split_with(Bincode)
     }
 
     /// Typed halves with a codec of your choice.
+    ///
+    /// The [`Sender`] holds the sending side open and the [`Receiver`] the
+    /// receiving side: dropping the receiver while the sender lives stops
+    /// receiving only. Other clones of this connection keep both sides open.
     pub fn split_with<S, R, C: Codec>(self, codec: C) -> (Sender<S, C>, Receiver<R, C>) {
-        (Sender::new(self.clone(), codec.clone()), Receiver::new(self, codec))
+        (
+            Sender::new(self.with_role(Role::Send), codec.clone()),
+            Receiver::new(self.with_role(Role::Recv), codec),
+        )
     }
 }
 
@@ -200,35 +272,101 @@ pub(crate) enum ListenerFlavor {
 }
 
 /// Accepts connections at an endpoint.
+///
+/// [`Listener::accept`] fails only when the listener is done: a peer whose
+/// handshake fails (a port scanner, garbage, a client that hangs up at
+/// once) is counted in [`Listener::stats`], logged at `tracing` debug level,
+/// and the accept goes on waiting. So a server's loop can be
+///
+/// ```no_run
+/// let listener = zerocast::listen("tcp://0.0.0.0:7000")?;
+/// loop {
+///     let conn = listener.accept()?;
+///     std::thread::spawn(move || {
+///         let (tx, rx) = conn.split::<String, String>();
+///         for msg in rx.iter() {
+///             let _ = tx.send(msg);
+///         }
+///     });
+/// }
+/// # Ok::<(), zerocast::Error>(())
+/// ```
+///
+/// [`Listener::close`], from any thread, releases an accept blocked in
+/// another one with [`AcceptError::Closed`]; share the listener with an
+/// `Arc` or a scoped thread.
 #[derive(Debug)]
 pub struct Listener {
     pub(crate) flavor: ListenerFlavor,
 }
 
+macro_rules! each_listener {
+    ($flavor:expr, $l:ident => $e:expr) => {
+        match $flavor {
+            #[cfg(feature = "mem")]
+            ListenerFlavor::Mem($l) => $e,
+            #[cfg(feature = "tcp")]
+            ListenerFlavor::Tcp($l) => $e,
+            #[cfg(feature = "rdma")]
+            ListenerFlavor::Rc($l) => $e,
+        }
+    };
+}
+
 impl Listener {
-    /// Wait for the next connection. A peer whose handshake fails is
-    /// reported as an error; the listener keeps working.
-    pub fn accept(&self) -> Result<Connection, ConnectError> {
+    fn accept_until(&self, deadline: Option<Instant>) -> Result<Connection, AcceptError> {
         Ok(Connection::new(match &self.flavor {
             #[cfg(feature = "mem")]
-            ListenerFlavor::Mem(l) => Flavor::Mem(l.accept()?),
+            ListenerFlavor::Mem(l) => Flavor::Mem(l.accept_until(deadline)?),
             #[cfg(feature = "tcp")]
-            ListenerFlavor::Tcp(l) => Flavor::Tcp(l.accept()?),
+            ListenerFlavor::Tcp(l) => Flavor::Tcp(l.accept_until(deadline)?),
             #[cfg(feature = "rdma")]
-            ListenerFlavor::Rc(l) => Flavor::Rc(l.accept()?),
+            ListenerFlavor::Rc(l) => Flavor::Rc(l.accept_until(deadline)?),
         }))
     }
 
-    /// Where peers connect (the bound port when port 0 was asked for).
-    pub fn local_endpoint(&self) -> &Endpoint {
-        match &self.flavor {
-            #[cfg(feature = "mem")]
-            ListenerFlavor::Mem(l) => l.local_endpoint(),
-            #[cfg(feature = "tcp")]
-            ListenerFlavor::Tcp(l) => l.local_endpoint(),
-            #[cfg(feature = "rdma")]
-            ListenerFlavor::Rc(l) => l.local_endpoint(),
+    /// Wait for the next connection. Peers whose handshake fails are
+    /// counted and skipped; the errors are the listener's own:
+    /// [`AcceptError::Closed`] after [`Listener::close`], or
+    /// [`AcceptError::Failed`] when its socket or event channel broke.
+    pub fn accept(&self) -> Result<Connection, AcceptError> {
+        self.accept_until(None)
+    }
+
+    /// A connection if one is ready now, `Ok(None)` if nobody waits. On
+    /// `rc://`, a peer's connect request that is waiting is handshaken
+    /// here, which takes a round trip.
+    pub fn try_accept(&self) -> Result<Option<Connection>, AcceptError> {
+        match self.accept_until(Some(Instant::now())) {
+            Ok(c) => Ok(Some(c)),
+            Err(AcceptError::Timeout) => Ok(None),
+            Err(e) => Err(e),
         }
+    }
+
+    /// Wait at most `timeout` for the next connection:
+    /// [`AcceptError::Timeout`] if none came.
+    pub fn accept_timeout(&self, timeout: Duration) -> Result<Connection, AcceptError> {
+        self.accept_until(deadline(timeout))
+    }
+
+    /// Stop accepting, from any thread: an accept blocked in another thread
+    /// returns [`AcceptError::Closed`], as does every later one. On `tcp://`
+    /// and `mem://` peers connecting from now on are refused (on RDMA, once
+    /// the listener drops). Connections already accepted are not affected.
+    pub fn close(&self) {
+        each_listener!(&self.flavor, l => l.close())
+    }
+
+    /// Counters: connections accepted, handshakes failed, peers refused.
+    pub fn stats(&self) -> ListenerStats {
+        each_listener!(&self.flavor, l => l.stats())
+    }
+
+    /// Where peers connect: the bound port when port 0 was asked for, the
+    /// chosen name for `mem://:0`.
+    pub fn local_endpoint(&self) -> &Endpoint {
+        each_listener!(&self.flavor, l => l.local_endpoint())
     }
 
     /// The RC listener underneath, for what only RDMA offers: the counters

@@ -1,6 +1,6 @@
 //! The facade's errors.
 
-pub use zerocast_core::{Classify, ConnError, ConnectError, ErrorKind, RecvError, SendError};
+pub use zerocast_core::{AcceptError, Classify, ConnError, ConnectError, ErrorKind, RecvError, SendError};
 pub use zerocast_mem::PoolError;
 
 pub use crate::codec::CodecError;
@@ -54,6 +54,9 @@ pub enum Error {
     /// Connecting or listening failed.
     #[error(transparent)]
     Connect(#[from] ConnectError),
+    /// A listener is closed or broken.
+    #[error(transparent)]
+    Accept(#[from] AcceptError),
     /// The pool could not provide a buffer.
     #[error(transparent)]
     Pool(#[from] PoolError),
@@ -79,6 +82,7 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::Connect(e) => e.kind(),
+            Error::Accept(e) => e.kind(),
             Error::Pool(e) => e.kind(),
             Error::Recv(e) => e.kind().unwrap_or(ErrorKind::Timeout),
             Error::Send(e) => e.kind().unwrap_or(ErrorKind::Timeout),

@@ -54,8 +54,8 @@ pub use context::{connect, global, listen, Config, Zerocast};
 #[cfg(feature = "tcp")]
 pub use datagram::{DatagramReceiver, DatagramSender, DatagramSocket};
 pub use error::{
-    Classify, CodecError, ConnError, ConnectError, Error, ErrorKind, PoolError, RecvError, SendError,
-    TypedRecvError,
+    AcceptError, Classify, CodecError, ConnError, ConnectError, Error, ErrorKind, PoolError, RecvError,
+    SendError, TypedRecvError,
 };
 
 /// The `yoke` zerocast uses for [`Receiver::recv_ref`]. Deriving `Yokeable`
@@ -63,7 +63,7 @@ pub use error::{
 pub use yoke;
 /// The layers beneath, for users who need them.
 pub use zerocast_core as core;
-pub use zerocast_core::{Caps, Endpoint, LinkConfig, Scheme};
+pub use zerocast_core::{Caps, Endpoint, LinkConfig, ListenerStats, Scheme};
 pub use zerocast_link::{LinkStats, RecvBuf};
 pub use zerocast_mem::{Buf, Pool, PoolConfig, PoolStats};
 /// RDMA device access (verbs device, protection domain, registered memory).

@@ -12,11 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_sys::{rdma_cm_event_type as ev, rdma_conn_param};
-use zerocast_core::{ConnError, ConnectError, Endpoint, Hello, LinkConfig};
-use zerocast_link::Driver;
+use zerocast_core::{AcceptError, ConnError, ConnectError, Endpoint, Hello, LinkConfig};
+use zerocast_link::{Driver, ListenerCounters};
 
 use super::srq::{Member, SharedRecv};
 use super::{engine::Io, resolve, transport_err, RcConnection, RcError, RcTransport};
+use crate::closing::Closing;
 use crate::cm::{context_name, CmEvent, CmId, EventChannel, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT};
 use crate::error::errno_from_rc;
 use crate::verbs::QueuePair;
@@ -230,12 +231,25 @@ impl CmListener {
         &self.local
     }
 
-    pub(super) fn accept(&self) -> Result<RcConnection, ConnectError> {
+    /// The next connection, waiting until `deadline` unless `closing` is
+    /// rung. A connect request that fails (a bad hello, a full shared
+    /// receive queue, a peer gone before it was established) is counted,
+    /// and the wait goes on.
+    pub(super) fn accept(
+        &self,
+        deadline: Option<Instant>,
+        closing: &Closing,
+        counters: &ListenerCounters,
+    ) -> Result<RcConnection, AcceptError> {
         loop {
-            let e = match self.id.channel().get(None) {
+            let e = match self.id.channel().get_until(closing, deadline) {
                 Ok(Some(e)) => e,
-                Ok(None) => continue,
-                Err(e) => return Err(ConnectError::Io { endpoint: self.local.to_string(), source: e }),
+                Ok(None) if closing.is_rung() => return Err(AcceptError::Closed),
+                Ok(None) => return Err(AcceptError::Timeout),
+                Err(e) => {
+                    let err = ConnectError::Io { endpoint: self.local.to_string(), source: e };
+                    return Err(AcceptError::Failed(err));
+                }
             };
             if e.kind() != ev::RDMA_CM_EVENT_CONNECT_REQUEST {
                 tracing::debug!(event = %e.name(), "rc listener: ignoring event");
@@ -246,7 +260,11 @@ impl CmListener {
             drop(e);
             // SAFETY: the id of a connect request is ours to accept or destroy.
             let id = unsafe { CmId::from_raw(raw, self.id.channel()) };
-            return self.accept_one(id, &data);
+            let peer = peer_endpoint(&id, &self.local);
+            match self.accept_one(id, &data) {
+                Ok(conn) => return Ok(conn),
+                Err(err) => super::count_failure(counters, &peer, &err),
+            }
         }
     }
 

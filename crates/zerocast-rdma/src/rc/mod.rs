@@ -32,10 +32,12 @@ mod write_imm;
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use zerocast_core::{Caps, ConnError, ConnectError, Endpoint, Hello, LinkConfig, Scheme};
-use zerocast_link::{Flavor, LinkSetup};
+use zerocast_core::{
+    AcceptError, Caps, ConnError, ConnectError, Endpoint, Hello, LinkConfig, ListenerStats, Scheme,
+};
+use zerocast_link::{Flavor, LinkSetup, ListenerCounters};
 use zerocast_mem::{Pool, PoolConfig};
 
 pub use error::{wc_status_name, RcError};
@@ -48,6 +50,7 @@ pub use srq::SrqStats;
 /// these.
 pub const RENDEZVOUS_RECEIVES: usize = rendezvous::MAX_PENDING;
 
+use crate::closing::Closing;
 use crate::cm::open_cm_device;
 use crate::device::{Device, ProtectionDomain};
 use crate::mr::{Access, VerbsRegistrar};
@@ -544,7 +547,8 @@ impl zerocast_core::Transport for RcTransport {
             Scheme::RcOob => ListenerKind::Oob(oob::OobListener::bind(self, ep, link, srq.clone())?),
             _ => ListenerKind::Cm(cm_path::CmListener::bind(self, ep, link, srq.clone())?),
         };
-        Ok(RcListener { kind, srq })
+        let closing = Closing::new().map_err(|e| ConnectError::Io { endpoint: ep.to_string(), source: e })?;
+        Ok(RcListener { kind, srq, closing, counters: ListenerCounters::default() })
     }
 
     fn connect(&self, ep: &Endpoint) -> Result<RcConnection, ConnectError> {
@@ -565,11 +569,35 @@ enum ListenerKind {
 }
 
 /// Accepts `rc://` or `rc+oob://` connections.
+///
+/// The accepting thread runs each handshake. A peer whose handshake fails,
+/// or that a full shared receive queue turns away, is counted in
+/// [`zerocast_core::Listener::stats`] and logged at `debug`; the accept
+/// goes on. Closing rings an eventfd that the accept's `poll(2)` includes.
 #[derive(Debug)]
 pub struct RcListener {
     kind: ListenerKind,
     /// The shared receive queue of the accepted connections, if any.
     srq: Option<Arc<SharedRecv>>,
+    /// Rung by `close`: wakes an accept waiting for a peer.
+    closing: Closing,
+    counters: ListenerCounters,
+}
+
+/// Count a peer the listener could not accept: a refusal by the shared
+/// receive queue, or a failed handshake.
+fn count_failure(counters: &ListenerCounters, peer: &Endpoint, err: &ConnectError) {
+    let srq_full = match err {
+        ConnectError::Transport { source, .. } => {
+            matches!(source.downcast_ref::<RcError>(), Some(RcError::SrqFull { .. }))
+        }
+        _ => false,
+    };
+    if srq_full {
+        counters.refused(peer, err);
+    } else {
+        counters.handshake_failed(peer, err);
+    }
 }
 
 impl RcListener {
@@ -583,11 +611,21 @@ impl RcListener {
 impl zerocast_core::Listener for RcListener {
     type Conn = RcConnection;
 
-    fn accept(&self) -> Result<RcConnection, ConnectError> {
-        match &self.kind {
-            ListenerKind::Cm(l) => l.accept(),
-            ListenerKind::Oob(l) => l.accept(),
-        }
+    fn accept_until(&self, deadline: Option<Instant>) -> Result<RcConnection, AcceptError> {
+        let conn = match &self.kind {
+            ListenerKind::Cm(l) => l.accept(deadline, &self.closing, &self.counters),
+            ListenerKind::Oob(l) => l.accept(deadline, &self.closing, &self.counters),
+        }?;
+        self.counters.accepted();
+        Ok(conn)
+    }
+
+    fn close(&self) {
+        self.closing.ring();
+    }
+
+    fn stats(&self) -> ListenerStats {
+        self.counters.stats()
     }
 
     fn local_endpoint(&self) -> &Endpoint {

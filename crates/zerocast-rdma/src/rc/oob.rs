@@ -13,11 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdma_sys::{ibv_access_flags, ibv_gid, ibv_qp_attr, ibv_qp_attr_mask as m, ibv_qp_state};
-use zerocast_core::{ConnError, ConnectError, Endpoint, Hello, LinkConfig};
+use zerocast_core::{AcceptError, ConnError, ConnectError, Endpoint, Hello, LinkConfig};
+use zerocast_link::ListenerCounters;
 
 use super::engine::Io;
 use super::srq::SharedRecv;
 use super::{resolve, transport_err, RcConnection, RcError, RcTransport};
+use crate::closing::Closing;
 use crate::verbs::QueuePair;
 
 const MAGIC: &[u8; 4] = b"ZCOB";
@@ -369,6 +371,8 @@ impl OobListener {
             _ => ConnectError::Io { endpoint: ep.to_string(), source: e },
         })?;
         let port = sock.local_addr().map(|a| a.port()).unwrap_or(0);
+        // Accepts wait in poll(2), with the listener's close signal.
+        sock.set_nonblocking(true).map_err(|e| ConnectError::Io { endpoint: ep.to_string(), source: e })?;
         Ok(Self { sock, transport: t.clone(), local: ep.with_port(port), link, srq })
     }
 
@@ -376,13 +380,70 @@ impl OobListener {
         &self.local
     }
 
-    pub(super) fn accept(&self) -> Result<RcConnection, ConnectError> {
-        let (sock, addr) = self
-            .sock
-            .accept()
-            .map_err(|e| ConnectError::Io { endpoint: self.local.to_string(), source: e })?;
-        let peer = Endpoint::parse(&format!("rc+oob://{addr}")).unwrap_or_else(|_| self.local.clone());
-        establish(&self.transport, sock, &self.local, peer, self.link, self.srq.as_ref())
+    /// The next connection, waiting until `deadline` unless `closing` is
+    /// rung. A peer whose side-channel handshake fails, or that a full
+    /// shared receive queue turns away, is counted, and the wait goes on.
+    pub(super) fn accept(
+        &self,
+        deadline: Option<Instant>,
+        closing: &Closing,
+        counters: &ListenerCounters,
+    ) -> Result<RcConnection, AcceptError> {
+        let failed =
+            |e| AcceptError::Failed(ConnectError::Io { endpoint: self.local.to_string(), source: e });
+        loop {
+            if closing.is_rung() {
+                return Err(AcceptError::Closed);
+            }
+            let ms = match deadline {
+                None => -1,
+                Some(d) => {
+                    d.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as i32
+                }
+            };
+            let readable =
+                crate::closing::poll_either(self.sock.as_raw_fd(), closing.fd(), ms).map_err(failed)?;
+            if !readable {
+                if closing.is_rung() {
+                    return Err(AcceptError::Closed);
+                }
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(AcceptError::Timeout);
+                }
+                continue;
+            }
+            // The listening socket is non-blocking: a peer that left
+            // between the poll and the accept is no reason to block.
+            let (sock, addr) = match self.sock.accept() {
+                Ok(a) => a,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => continue,
+                Err(e) if matches!(e.kind(), ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset) => {
+                    continue
+                }
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                    ) =>
+                {
+                    counters.accept_error(&e);
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+                Err(e) => return Err(failed(e)),
+            };
+            let peer = Endpoint::parse(&format!("rc+oob://{addr}")).unwrap_or_else(|_| self.local.clone());
+            let r = sock
+                .set_nonblocking(false)
+                .map_err(|e| ConnectError::Io { endpoint: peer.to_string(), source: e })
+                .and_then(|()| {
+                    establish(&self.transport, sock, &self.local, peer.clone(), self.link, self.srq.as_ref())
+                });
+            match r {
+                Ok(conn) => return Ok(conn),
+                Err(err) => super::count_failure(counters, &peer, &err),
+            }
+        }
     }
 }
 

@@ -5,16 +5,18 @@ mod reader;
 mod writer;
 
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-use zerocast_core::{Caps, ConnectError, Endpoint, ErrorKind, LinkConfig, Scheme};
-use zerocast_link::{Flavor, LinkSetup};
+use zerocast_core::{
+    AcceptError, Caps, ConnectError, Endpoint, ErrorKind, LinkConfig, ListenerStats, Scheme,
+};
+use zerocast_link::{CloseSignal, Flavor, LinkSetup, ListenerCounters};
 use zerocast_mem::{Pool, PoolConfig};
 
 /// The TCP flavor of [`zerocast_link::Connection`].
@@ -270,13 +272,21 @@ const MAX_PARALLEL_HANDSHAKES: usize = 64;
 ///
 /// An acceptor thread takes connections and runs each handshake on a thread
 /// of its own, so a slow or silent peer never delays the others; `accept`
-/// hands out connections in the order their handshakes finish.
+/// hands out connections in the order their handshakes finish. A failed
+/// handshake is counted and logged, never handed to `accept`.
 #[derive(Debug)]
 pub struct TcpListener {
     sock: Arc<Socket>,
     ready: Receiver<Result<TcpConnection, ConnectError>>,
-    closed: Arc<AtomicBool>,
+    shared: Arc<Shared>,
     local: Endpoint,
+}
+
+/// What the listener and its acceptor share.
+#[derive(Debug, Default)]
+struct Shared {
+    close: CloseSignal,
+    counters: ListenerCounters,
 }
 
 impl TcpListener {
@@ -287,32 +297,91 @@ impl TcpListener {
         link: LinkConfig,
     ) -> Result<Self, ConnectError> {
         let sock = Arc::new(sock);
-        let closed = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(Shared::default());
         let (tx, ready) = bounded(128);
-        let acceptor = Acceptor { sock: sock.clone(), closed: closed.clone(), transport, link, tx };
+        let acceptor = Acceptor {
+            sock: sock.clone(),
+            shared: shared.clone(),
+            transport,
+            link,
+            tx,
+            local: local.clone(),
+        };
         let io_err = |e| ConnectError::Io { endpoint: local.to_string(), source: e };
         thread::Builder::new()
             .name("zerocast-tcp-accept".into())
             .spawn(move || acceptor.run())
             .map_err(io_err)?;
-        Ok(TcpListener { sock, ready, closed, local })
+        Ok(TcpListener { sock, ready, shared, local })
+    }
+
+    fn shut(&self) {
+        if self.shared.close.close() {
+            // Wakes the acceptor blocked in accept(2); connections in the
+            // listen queue are reset.
+            let _ = self.sock.shutdown(Shutdown::Both);
+        }
     }
 }
 
 impl Drop for TcpListener {
     fn drop(&mut self) {
-        self.closed.store(true, Ordering::SeqCst);
-        // Wakes the acceptor blocked in accept(2).
-        let _ = self.sock.shutdown(Shutdown::Both);
+        self.shut();
     }
 }
 
 struct Acceptor {
     sock: Arc<Socket>,
-    closed: Arc<AtomicBool>,
+    shared: Arc<Shared>,
     transport: TcpTransport,
     link: LinkConfig,
+    /// Handshaken connections, or the error that ended the listener.
     tx: Sender<Result<TcpConnection, ConnectError>>,
+    local: Endpoint,
+}
+
+/// What an error of accept(2) means for the listener.
+enum AcceptFailure {
+    /// A peer left before it was accepted: no concern of the listener's.
+    PeerGone,
+    /// The process or the system ran short of something: pause and retry.
+    Transient,
+    /// The listening socket is broken.
+    Fatal,
+}
+
+fn classify(e: &std::io::Error) -> AcceptFailure {
+    use rustix::io::Errno;
+    use std::io::ErrorKind;
+    // accept(2) on Linux passes a pending network error of the new
+    // connection on as its own: retry, as for EAGAIN (see its man page).
+    let peer = [
+        Errno::PROTO,
+        Errno::NOPROTOOPT,
+        Errno::NETDOWN,
+        Errno::NETUNREACH,
+        Errno::HOSTDOWN,
+        Errno::HOSTUNREACH,
+        Errno::OPNOTSUPP,
+        Errno::PERM,
+    ];
+    let errno = Errno::from_io_error(e);
+    if matches!(
+        e.kind(),
+        ErrorKind::Interrupted
+            | ErrorKind::WouldBlock
+            | ErrorKind::ConnectionAborted
+            | ErrorKind::ConnectionReset
+    ) || errno.is_some_and(|n| peer.contains(&n))
+    {
+        return AcceptFailure::PeerGone;
+    }
+    let short = [Errno::MFILE, Errno::NFILE, Errno::NOBUFS, Errno::NOMEM];
+    if errno.is_some_and(|n| short.contains(&n)) {
+        AcceptFailure::Transient
+    } else {
+        AcceptFailure::Fatal
+    }
 }
 
 impl Acceptor {
@@ -321,32 +390,50 @@ impl Acceptor {
         loop {
             let (sock, addr) = match self.sock.accept() {
                 Ok(a) => a,
-                Err(_) if self.closed.load(Ordering::SeqCst) => return,
-                Err(e) => {
-                    let err = ConnectError::Io { endpoint: "tcp listener".into(), source: e };
-                    if self.tx.send(Err(err)).is_err() {
+                Err(_) if self.shared.close.is_closed() => return,
+                Err(e) => match classify(&e) {
+                    AcceptFailure::PeerGone => {
+                        if !matches!(
+                            e.kind(),
+                            std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
+                        ) {
+                            self.shared.counters.handshake_failed(&"a peer gone before accept", &e);
+                        }
+                        continue;
+                    }
+                    AcceptFailure::Transient => {
+                        self.shared.counters.accept_error(&e);
+                        // Out of descriptors and the like: do not spin.
+                        thread::sleep(Duration::from_millis(50));
+                        continue;
+                    }
+                    AcceptFailure::Fatal => {
+                        let err = ConnectError::Io { endpoint: self.local.to_string(), source: e };
+                        let _ = self.tx.send(Err(err));
                         return;
                     }
-                    // Out of descriptors and the like: do not spin.
-                    thread::sleep(Duration::from_millis(50));
-                    continue;
-                }
+                },
             };
             let peer = addr
                 .as_socket()
                 .and_then(|a| Endpoint::parse(&format!("tcp://{a}")).ok())
                 .unwrap_or_else(|| Endpoint::parse("tcp://unknown:0").expect("valid"));
-            let (transport, link, tx) = (self.transport.clone(), self.link, self.tx.clone());
-            let handshake = move || {
-                let _ = tx.send(transport.establish(sock, peer, link));
+            let (transport, link, tx, shared) =
+                (self.transport.clone(), self.link, self.tx.clone(), self.shared.clone());
+            let handshake = move || match transport.establish(sock, peer.clone(), link) {
+                Ok(conn) => {
+                    let _ = tx.send(Ok(conn));
+                }
+                Err(e) => shared.counters.handshake_failed(&peer, &e),
             };
             if in_flight.fetch_add(1, Ordering::SeqCst) < MAX_PARALLEL_HANDSHAKES {
-                let in_flight = in_flight.clone();
+                let count = in_flight.clone();
                 let spawned = thread::Builder::new().name("zerocast-tcp-hello".into()).spawn(move || {
                     handshake();
-                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    count.fetch_sub(1, Ordering::SeqCst);
                 });
                 if spawned.is_err() {
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
                     tracing::warn!("cannot spawn a handshake thread; dropping one connection");
                 }
             } else {
@@ -360,8 +447,18 @@ impl Acceptor {
 impl zerocast_core::Listener for TcpListener {
     type Conn = TcpConnection;
 
-    fn accept(&self) -> Result<TcpConnection, ConnectError> {
-        self.ready.recv().map_err(|_| ConnectError::Closed)?
+    fn accept_until(&self, deadline: Option<Instant>) -> Result<TcpConnection, AcceptError> {
+        let conn = self.shared.close.wait(&self.ready, deadline)?.map_err(AcceptError::Failed)?;
+        self.shared.counters.accepted();
+        Ok(conn)
+    }
+
+    fn close(&self) {
+        self.shut();
+    }
+
+    fn stats(&self) -> ListenerStats {
+        self.shared.counters.stats()
     }
 
     fn local_endpoint(&self) -> &Endpoint {

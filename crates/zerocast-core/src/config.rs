@@ -83,10 +83,15 @@ impl LinkConfig {
     }
 
     /// Apply an endpoint's connection parameters: `window=N` (the receive
-    /// window) and `heartbeat_ms=N` (the heartbeat interval; 0 turns it off).
+    /// window), `max_payload=SIZE` (the largest message, `128M` say; both
+    /// sides must allow a message for it to pass) and `heartbeat_ms=N` (the
+    /// heartbeat interval; 0 turns it off).
     pub fn apply_params(&mut self, ep: &Endpoint) -> Result<(), UriError> {
         if let Some(w) = ep.param_as::<u32>("window")? {
             self.recv_window = w;
+        }
+        if let Some(n) = ep.param_size("max_payload")? {
+            self.max_payload = n;
         }
         if let Some(ms) = ep.param_as::<u32>("heartbeat_ms")? {
             self.heartbeat = (ms > 0).then(|| Duration::from_millis(u64::from(ms)));
@@ -156,5 +161,20 @@ mod tests {
         c.apply_params(&Endpoint::parse("tcp://h:1?heartbeat_ms=0").unwrap()).unwrap();
         assert_eq!(c.heartbeat, None);
         assert!(c.with_heartbeat(Some(Duration::from_millis(1))).validate().is_err());
+    }
+
+    #[test]
+    fn max_payload_from_the_uri() {
+        let mut c = LinkConfig::default();
+        for (q, n) in [("128M", 128u64 << 20), ("64KiB", 64 << 10), ("1g", 1 << 30), ("1000", 1000)] {
+            c.apply_params(&Endpoint::parse(&format!("tcp://h:1?max_payload={q}")).unwrap()).unwrap();
+            assert_eq!(c.max_payload, n, "{q}");
+        }
+        for bad in ["12Q", "M", "-1", "99999999999G"] {
+            let ep = Endpoint::parse(&format!("tcp://h:1?max_payload={bad}")).unwrap();
+            assert!(c.apply_params(&ep).is_err(), "{bad}");
+        }
+        c.apply_params(&Endpoint::parse("tcp://h:1?max_payload=5G").unwrap()).unwrap();
+        assert!(c.validate().is_err(), "over 4 GiB");
     }
 }

@@ -57,12 +57,14 @@ impl Scheme {
 
     fn params(self) -> &'static [&'static str] {
         match self {
-            Scheme::Tcp => &["window", "heartbeat_ms"],
-            Scheme::Rc | Scheme::RcOob => &["window", "heartbeat_ms", "dev", "gid_index", "srq", "srq_limit"],
+            Scheme::Tcp => &["window", "heartbeat_ms", "max_payload"],
+            Scheme::Rc | Scheme::RcOob => {
+                &["window", "heartbeat_ms", "max_payload", "dev", "gid_index", "srq", "srq_limit"]
+            }
             Scheme::Ud => &["iface", "dev", "max_sources"],
             Scheme::Mcast => &["iface", "dev", "ttl", "loop", "max_sources"],
-            Scheme::Mem => &["window", "heartbeat_ms"],
-            Scheme::Auto => &["window", "heartbeat_ms"],
+            Scheme::Mem => &["window", "heartbeat_ms", "max_payload"],
+            Scheme::Auto => &["window", "heartbeat_ms", "max_payload"],
         }
     }
 }
@@ -218,6 +220,24 @@ impl Endpoint {
                 v.parse::<T>().map_err(|_| UriError::BadValue { key: key.to_owned(), value: v.to_owned() })
             })
             .transpose()
+    }
+
+    /// A query parameter that is a size in bytes: digits with an optional
+    /// `K`, `M` or `G` (powers of 1024; `KiB`, `MB` and the like read the
+    /// same), as in `?max_payload=128M`.
+    pub fn param_size(&self, key: &str) -> Result<Option<u64>, UriError> {
+        let Some(v) = self.param(key) else { return Ok(None) };
+        let bad = || UriError::BadValue { key: key.to_owned(), value: v.to_owned() };
+        let upper = v.trim().to_ascii_uppercase();
+        let unit = upper.trim_end_matches("IB").trim_end_matches('B');
+        let (digits, shift) = match unit.as_bytes().last() {
+            Some(b'K') => (&unit[..unit.len() - 1], 10),
+            Some(b'M') => (&unit[..unit.len() - 1], 20),
+            Some(b'G') => (&unit[..unit.len() - 1], 30),
+            _ => (unit, 0),
+        };
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        n.checked_mul(1 << shift).map(Some).ok_or_else(bad)
     }
 
     /// The same endpoint over another transport (used to resolve `auto://`).

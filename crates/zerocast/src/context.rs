@@ -112,6 +112,11 @@ struct Inner {
     /// The UD transport, with its own registered pool (created on first use).
     #[cfg(feature = "rdma")]
     ud: Retry<zerocast_rdma::ud::UdTransport>,
+    /// Pools for endpoints whose `?max_payload=` is over `cfg.link`'s.
+    larger_pools: Mutex<Vec<(u64, Pool)>>,
+    /// RC transports for such endpoints.
+    #[cfg(feature = "rdma")]
+    larger_rc: Mutex<Vec<(u64, zerocast_rdma::RcTransport)>>,
 }
 
 /// A value made on first success. A failure is returned with its kind and
@@ -164,6 +169,9 @@ impl Zerocast {
                 rc: Retry::new(),
                 #[cfg(feature = "rdma")]
                 ud: Retry::new(),
+                larger_pools: Mutex::new(Vec::new()),
+                #[cfg(feature = "rdma")]
+                larger_rc: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -190,11 +198,13 @@ impl Zerocast {
         let ep = self.resolve(&Endpoint::parse(uri)?)?;
         let flavor = match ep.scheme() {
             #[cfg(feature = "tcp")]
-            Scheme::Tcp => Flavor::Tcp(zerocast_core::Transport::connect(&self.tcp()?, &ep)?),
+            Scheme::Tcp => Flavor::Tcp(zerocast_core::Transport::connect(&self.tcp(&ep)?, &ep)?),
             #[cfg(feature = "mem")]
-            Scheme::Mem => Flavor::Mem(zerocast_core::Transport::connect(&self.mem()?, &ep)?),
+            Scheme::Mem => Flavor::Mem(zerocast_core::Transport::connect(&self.mem(&ep)?, &ep)?),
             #[cfg(feature = "rdma")]
-            Scheme::Rc | Scheme::RcOob => Flavor::Rc(zerocast_core::Transport::connect(&self.rc()?, &ep)?),
+            Scheme::Rc | Scheme::RcOob => {
+                Flavor::Rc(zerocast_core::Transport::connect(&self.rc_for(&ep)?, &ep)?)
+            }
             other => return Err(unavailable(other)),
         };
         Ok(Connection::new(flavor))
@@ -205,12 +215,12 @@ impl Zerocast {
         let ep = self.resolve(&Endpoint::parse(uri)?)?;
         let flavor = match ep.scheme() {
             #[cfg(feature = "tcp")]
-            Scheme::Tcp => ListenerFlavor::Tcp(zerocast_core::Transport::listen(&self.tcp()?, &ep)?),
+            Scheme::Tcp => ListenerFlavor::Tcp(zerocast_core::Transport::listen(&self.tcp(&ep)?, &ep)?),
             #[cfg(feature = "mem")]
-            Scheme::Mem => ListenerFlavor::Mem(zerocast_core::Transport::listen(&self.mem()?, &ep)?),
+            Scheme::Mem => ListenerFlavor::Mem(zerocast_core::Transport::listen(&self.mem(&ep)?, &ep)?),
             #[cfg(feature = "rdma")]
             Scheme::Rc | Scheme::RcOob => {
-                ListenerFlavor::Rc(zerocast_core::Transport::listen(&self.rc()?, &ep)?)
+                ListenerFlavor::Rc(zerocast_core::Transport::listen(&self.rc_for(&ep)?, &ep)?)
             }
             other => return Err(unavailable(other)),
         };
@@ -244,9 +254,55 @@ impl Zerocast {
     }
 
     #[cfg(feature = "tcp")]
-    fn tcp(&self) -> Result<zerocast_tcp::TcpTransport, ConnectError> {
+    fn tcp(&self, ep: &Endpoint) -> Result<zerocast_tcp::TcpTransport, ConnectError> {
         let cfg = self.inner.cfg.tcp.clone().with_link(self.inner.cfg.link);
-        zerocast_tcp::TcpTransport::new(self.pool()?, cfg)
+        zerocast_tcp::TcpTransport::new(self.pool_for(self.max_payload_of(ep)?)?, cfg)
+    }
+
+    /// The largest message `ep` allows: its `?max_payload=`, or the
+    /// configured one.
+    fn max_payload_of(&self, ep: &Endpoint) -> Result<u64, ConnectError> {
+        let mut link = self.inner.cfg.link;
+        link.apply_params(ep)?;
+        link.validate().map_err(ConnectError::transport)?;
+        Ok(link.max_payload)
+    }
+
+    /// A pool for messages of up to `max_payload` bytes: [`Zerocast::pool`]
+    /// when the configured payload limit covers it, else one with a class
+    /// of that size and room for four such buffers (made once per size).
+    fn pool_for(&self, max_payload: u64) -> Result<Pool, ConnectError> {
+        if max_payload <= self.inner.cfg.link.max_payload {
+            return self.pool();
+        }
+        let mut pools = self.inner.larger_pools.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, pool)) = pools.iter().find(|(max, _)| *max == max_payload) {
+            return Ok(pool.clone());
+        }
+        let pool = Pool::unregistered(larger_pool(&self.inner.cfg.pool, max_payload))
+            .map_err(ConnectError::transport)?;
+        pools.push((max_payload, pool.clone()));
+        Ok(pool)
+    }
+
+    /// The RC transport for `ep`: [`Zerocast::rc`], or, for a
+    /// `?max_payload=` beyond the configured limit, one whose registered
+    /// pool holds such messages (opened once per size).
+    #[cfg(feature = "rdma")]
+    fn rc_for(&self, ep: &Endpoint) -> Result<zerocast_rdma::RcTransport, ConnectError> {
+        let max_payload = self.max_payload_of(ep)?;
+        if max_payload <= self.inner.cfg.link.max_payload {
+            return self.rc();
+        }
+        let mut larger = self.inner.larger_rc.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, t)) = larger.iter().find(|(max, _)| *max == max_payload) {
+            return Ok(t.clone());
+        }
+        let link = self.inner.cfg.link.with_max_payload(max_payload);
+        let cfg = self.inner.cfg.rc.clone().with_link(link);
+        let t = zerocast_rdma::RcTransport::new(cfg, larger_pool(&self.inner.cfg.pool, max_payload))?;
+        larger.push((max_payload, t.clone()));
+        Ok(t)
     }
 
     /// The RC transport (opened on first use: device, protection domain and
@@ -273,9 +329,21 @@ impl Zerocast {
     }
 
     #[cfg(feature = "mem")]
-    fn mem(&self) -> Result<zerocast_inproc::MemTransport, ConnectError> {
-        zerocast_inproc::MemTransport::new(self.pool()?, self.inner.cfg.link)
+    fn mem(&self, ep: &Endpoint) -> Result<zerocast_inproc::MemTransport, ConnectError> {
+        zerocast_inproc::MemTransport::new(self.pool_for(self.max_payload_of(ep)?)?, self.inner.cfg.link)
     }
+}
+
+/// `base` with a class of `max_payload` bytes and a cap that holds four
+/// such buffers (a message in flight each way, and one being encoded or
+/// decoded on each side).
+fn larger_pool(base: &PoolConfig, max_payload: u64) -> PoolConfig {
+    let max = usize::try_from(max_payload).unwrap_or(usize::MAX);
+    let mut pc = base.clone();
+    pc.classes.retain(|&c| c < max);
+    pc.classes.push(max);
+    pc.max_bytes = pc.max_bytes.max(max.saturating_mul(4));
+    pc
 }
 
 /// The list used when `ZEROCAST_TRANSPORTS` is unset. `rc` comes first so

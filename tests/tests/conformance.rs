@@ -57,6 +57,21 @@ macro_rules! conformance {
             fn oversize_is_rejected() {
                 suite::oversize_is_rejected(&transport());
             }
+
+            #[test]
+            fn typed_check_mismatch() {
+                suite::typed_check_mismatch(&transport());
+            }
+
+            #[test]
+            fn typed_check_match() {
+                suite::typed_check_match(&transport(), WINDOW);
+            }
+
+            #[test]
+            fn typed_check_off() {
+                suite::typed_check_off(&transport());
+            }
         }
     };
 }

@@ -108,6 +108,24 @@ macro_rules! conformance {
                 run(suite::oversize_is_rejected);
             }
 
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn typed_check_mismatch() {
+                run(suite::typed_check_mismatch);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn typed_check_match() {
+                run(|t| suite::typed_check_match(t, WINDOW));
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn typed_check_off() {
+                run(suite::typed_check_off);
+            }
+
             /// Both ends report the scheme they connected with.
             #[test]
             #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]

@@ -50,11 +50,13 @@ fn deadline(d: Duration) -> Option<Instant> {
 #[derive(Debug, Clone)]
 pub struct Connection {
     flavor: Flavor,
+    /// Whether typed senders split from it announce their type.
+    typed_check: bool,
 }
 
 impl Connection {
-    pub(crate) fn new(flavor: Flavor) -> Self {
-        Self { flavor }
+    pub(crate) fn new(flavor: Flavor, typed_check: bool) -> Self {
+        Self { flavor, typed_check }
     }
 
     fn link(&self) -> &zerocast_link::Link {
@@ -178,6 +180,27 @@ impl Connection {
         each!(&self.flavor, c => c.close_receiver())
     }
 
+    /// This connection with the type check of the typed channels split
+    /// from it turned on or off, whatever [`Config::typed_check`] says:
+    /// with it on, the [`Sender`] announces its message type before its
+    /// first message (one extra message on the wire), and a peer's
+    /// [`Receiver`] of another type fails with
+    /// [`TypedRecvError::TypeMismatch`]. Receivers understand announcements
+    /// either way.
+    ///
+    /// [`Config::typed_check`]: crate::Config::typed_check
+    /// [`TypedRecvError::TypeMismatch`]: crate::TypedRecvError::TypeMismatch
+    pub fn with_typed_check(mut self, on: bool) -> Self {
+        self.typed_check = on;
+        self
+    }
+
+    /// Whether typed senders split from this connection announce their
+    /// type (see [`Connection::with_typed_check`]).
+    pub fn typed_check(&self) -> bool {
+        self.typed_check
+    }
+
     /// Typed halves with the default codec (bincode).
     pub fn split<S, R>(self) -> (Sender<S>, Receiver<R>) {
         self.split_with(Bincode)
@@ -185,7 +208,8 @@ impl Connection {
 
     /// Typed halves with a codec of your choice.
     pub fn split_with<S, R, C: Codec>(self, codec: C) -> (Sender<S, C>, Receiver<R, C>) {
-        (Sender::new(self.clone(), codec.clone()), Receiver::new(self, codec))
+        let check = self.typed_check;
+        (Sender::new(self.clone(), codec.clone(), check), Receiver::new(self, codec))
     }
 }
 
@@ -203,20 +227,24 @@ pub(crate) enum ListenerFlavor {
 #[derive(Debug)]
 pub struct Listener {
     pub(crate) flavor: ListenerFlavor,
+    /// [`Config::typed_check`](crate::Config::typed_check) for the
+    /// connections it accepts.
+    pub(crate) typed_check: bool,
 }
 
 impl Listener {
     /// Wait for the next connection. A peer whose handshake fails is
     /// reported as an error; the listener keeps working.
     pub fn accept(&self) -> Result<Connection, ConnectError> {
-        Ok(Connection::new(match &self.flavor {
+        let flavor = match &self.flavor {
             #[cfg(feature = "mem")]
             ListenerFlavor::Mem(l) => Flavor::Mem(l.accept()?),
             #[cfg(feature = "tcp")]
             ListenerFlavor::Tcp(l) => Flavor::Tcp(l.accept()?),
             #[cfg(feature = "rdma")]
             ListenerFlavor::Rc(l) => Flavor::Rc(l.accept()?),
-        }))
+        };
+        Ok(Connection::new(flavor, self.typed_check))
     }
 
     /// Where peers connect (the bound port when port 0 was asked for).

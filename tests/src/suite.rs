@@ -518,3 +518,136 @@ pub fn iter_results(t: &Transport) {
     assert_eq!(got, ["one"]);
     assert_eq!(rx.recv_timeout(Duration::from_secs(10)).expect("the connection is fine"), "two");
 }
+
+/// A small message: one `u64`, encoded as one varint, like [`SmallB`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, yoke::Yokeable)]
+pub struct SmallA {
+    /// Whose.
+    pub user_id: u64,
+}
+
+/// Another type whose encoding [`SmallA`]'s bytes happen to fit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, yoke::Yokeable)]
+pub struct SmallB {
+    /// Degrees.
+    pub temperature: u64,
+}
+
+/// Wait until `conn` has `n` messages queued for the application.
+fn wait_queued(conn: &zerocast::Connection, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while conn.stats().queued < n {
+        assert!(Instant::now() < deadline, "{n} messages never arrived: {:?}", conn.stats());
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn assert_mismatch<T: std::fmt::Debug>(r: Result<T, TypedRecvError>) {
+    match r {
+        Err(e @ TypedRecvError::TypeMismatch { .. }) => {
+            let TypedRecvError::TypeMismatch { sent, expected } = &e else { unreachable!() };
+            assert!(sent.ends_with("SmallA"), "sent: {sent}");
+            assert!(expected.ends_with("SmallB"), "expected: {expected}");
+            let text = e.to_string();
+            assert!(text.contains("SmallA") && text.contains("SmallB"), "{text}");
+            assert_eq!(e.kind(), Some(ErrorKind::Protocol));
+            assert!(!e.is_disconnected());
+        }
+        other => panic!("expected a type mismatch, got {other:?}"),
+    }
+}
+
+/// With the type check on, a receiver of another type fails at once with
+/// both names, even though the bytes would decode, on every receive
+/// (owned, borrowed, polling, iterating) and from then on.
+pub fn typed_check_mismatch(t: &Transport) {
+    {
+        let (client, server) = t.pair();
+        let (tx, _r) = client.with_typed_check(true).split::<SmallA, ()>();
+        let (_s, rx) = server.split::<(), SmallB>();
+        tx.send(SmallA { user_id: 42 }).expect("send");
+        tx.send(SmallA { user_id: 43 }).expect("send");
+        assert_mismatch(rx.recv_timeout(Duration::from_secs(10)));
+        // What follows would be misread: the receiver stays failed.
+        assert_mismatch(rx.try_recv());
+        assert_mismatch(rx.recv());
+        assert_mismatch(rx.clone().recv_ref_timeout(Duration::from_secs(10)));
+        assert_eq!(rx.iter().count(), 0, "iteration ends at the mismatch");
+    }
+    {
+        // The borrowing receive sees it first too.
+        let (client, server) = t.pair();
+        let (tx, _r) = client.with_typed_check(true).split::<SmallA, ()>();
+        let (_s, rx) = server.split::<(), SmallB>();
+        tx.send(SmallA { user_id: 42 }).expect("send");
+        assert_mismatch(rx.recv_ref_timeout(Duration::from_secs(10)));
+    }
+    {
+        // And a polling receive, once the announcement is there.
+        let (client, server) = t.pair();
+        let (tx, _r) = client.with_typed_check(true).split::<SmallA, ()>();
+        let (_s, rx) = server.clone().split::<(), SmallB>();
+        tx.send(SmallA { user_id: 42 }).expect("send");
+        wait_queued(&server, 2);
+        assert_mismatch(rx.try_recv());
+    }
+    t.assert_pool_drained(Duration::from_secs(10));
+}
+
+/// With the type check on and the same type at both ends, messages arrive
+/// as sent and the announcement is never seen: not by `try_recv` (which
+/// does not report an empty channel while a message waits behind it), not
+/// by `recv_ref`, not by iteration; its credit comes back.
+pub fn typed_check_match(t: &Transport, window: u32) {
+    let (client, server) = t.pair();
+    // On the wire: the announcement, then the message.
+    {
+        let (tx, _r) = client.clone().with_typed_check(true).split::<SmallA, ()>();
+        tx.send(SmallA { user_id: 7 }).expect("send");
+        let first = server.recv_timeout(Duration::from_secs(10)).expect("announcement");
+        assert!(first.starts_with(b"\0zerocast:type\0\x01"), "{:?}", &first[..]);
+        assert!(String::from_utf8_lossy(&first).ends_with("SmallA"));
+        assert_eq!(&*server.recv_timeout(Duration::from_secs(10)).expect("message"), &[7]);
+    }
+    let (client, server) = t.pair();
+    let (tx, _r) = client.with_typed_check(true).split::<SmallA, ()>();
+    let (_s, rx) = server.clone().split::<(), SmallA>();
+    assert!(matches!(rx.try_recv(), Err(TypedRecvError::Recv(RecvError::Empty))));
+    let tx2 = tx.clone();
+    tx2.send(SmallA { user_id: 0 }).expect("send");
+    wait_queued(&server, 2);
+    assert_eq!(rx.try_recv().expect("the message behind the announcement"), SmallA { user_id: 0 });
+    assert!(matches!(rx.try_recv(), Err(TypedRecvError::Recv(RecvError::Empty))));
+    // More messages than the window, from both clones: credits keep
+    // flowing, and only one announcement went out.
+    let n = 3 * u64::from(window);
+    for i in 1..=n {
+        let tx = if i % 2 == 0 { &tx } else { &tx2 };
+        tx.send(SmallA { user_id: i }).expect("send");
+        if i % 3 == 0 {
+            let g = rx.recv_ref_timeout(Duration::from_secs(10)).expect("recv_ref");
+            assert_eq!(g.get(), &SmallA { user_id: i });
+        } else {
+            assert_eq!(rx.recv_timeout(Duration::from_secs(10)).expect("recv"), SmallA { user_id: i });
+        }
+    }
+    drop((tx, tx2));
+    assert!(rx.iter().next().is_none(), "nothing but the messages sent");
+    assert!(matches!(rx.recv(), Err(e) if e.is_disconnected()));
+    drop((rx, _r, _s, server));
+    t.assert_pool_drained(Duration::from_secs(10));
+}
+
+/// With the type check off on the sender, nothing is announced: the
+/// message is the first thing on the wire, and a receiver of another type
+/// whose encoding the bytes fit decodes it (the old behaviour).
+pub fn typed_check_off(t: &Transport) {
+    let (client, server) = t.pair();
+    let (tx, _r) = client.clone().with_typed_check(false).split::<SmallA, ()>();
+    assert!(!tx.connection().typed_check());
+    tx.send(SmallA { user_id: 42 }).expect("send");
+    assert_eq!(&*server.recv_timeout(Duration::from_secs(10)).expect("message"), &[42]);
+    tx.send(SmallA { user_id: 42 }).expect("send");
+    let (_s, rx) = server.split::<(), SmallB>();
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).expect("decodes"), SmallB { temperature: 42 });
+}

@@ -77,6 +77,21 @@ macro_rules! conformance {
             fn iter_results() {
                 suite::iter_results(&transport());
             }
+
+            #[test]
+            fn typed_check_mismatch() {
+                suite::typed_check_mismatch(&transport());
+            }
+
+            #[test]
+            fn typed_check_match() {
+                suite::typed_check_match(&transport(), WINDOW);
+            }
+
+            #[test]
+            fn typed_check_off() {
+                suite::typed_check_off(&transport());
+            }
         }
     };
 }

@@ -116,8 +116,20 @@ macro_rules! conformance {
 
             #[test]
             #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn typed_check_mismatch() {
+                run(suite::typed_check_mismatch);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
             fn try_accept_and_accept_timeout() {
                 run(suite::try_accept_and_accept_timeout);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn typed_check_match() {
+                run(|t| suite::typed_check_match(t, WINDOW));
             }
 
             #[test]
@@ -130,6 +142,12 @@ macro_rules! conformance {
             #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
             fn iter_results() {
                 run(suite::iter_results);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn typed_check_off() {
+                run(suite::typed_check_off);
             }
 
             /// Both ends report the scheme they connected with.

@@ -2,20 +2,22 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use yoke::{Yoke, Yokeable};
 use zerocast_core::{RecvError, SendError};
+use zerocast_link::RecvBuf;
 use zerocast_mem::{Buf, PoolError};
 
 use crate::borrow::Guard;
 use crate::codec::{decode_limit, Bincode, Codec, CodecError};
 use crate::conn::Connection;
 use crate::error::TypedRecvError;
+use crate::typecheck::{self, Verdict};
 
 /// Smallest first guess at a message's encoded size.
 const MIN_HINT: usize = 64;
@@ -25,6 +27,12 @@ struct SendSide<C> {
     codec: C,
     /// The last encoded size: the first guess for the next message.
     hint: AtomicUsize,
+    /// Whether the type announcement is out (set from the start when
+    /// checking is off): one load per message.
+    announced: AtomicBool,
+    /// Held while the announcement goes out, so that no clone's message
+    /// overtakes it.
+    announcing: Mutex<()>,
 }
 
 /// The sending half of a typed channel. Clones share it. Sending closes
@@ -35,6 +43,11 @@ struct SendSide<C> {
 ///
 /// Messages are serialized straight into a pooled send buffer: no
 /// intermediate `Vec`.
+///
+/// With the type check on ([`Config::typed_check`](crate::Config::typed_check),
+/// [`Connection::with_typed_check`]), the first send of the channel (of any
+/// clone) first sends an announcement of `T`'s name and fingerprint, which
+/// the peer's [`Receiver`] checks against its own type and never shows.
 pub struct Sender<T, C = Bincode> {
     side: Arc<SendSide<C>>,
     _t: PhantomData<fn(T)>,
@@ -58,8 +71,14 @@ enum Wait {
 }
 
 impl<T, C: Codec> Sender<T, C> {
-    pub(crate) fn new(conn: Connection, codec: C) -> Self {
-        let side = SendSide { conn, codec, hint: AtomicUsize::new(MIN_HINT) };
+    pub(crate) fn new(conn: Connection, codec: C, check: bool) -> Self {
+        let side = SendSide {
+            conn,
+            codec,
+            hint: AtomicUsize::new(MIN_HINT),
+            announced: AtomicBool::new(!check),
+            announcing: Mutex::new(()),
+        };
         Self { side: Arc::new(side), _t: PhantomData }
     }
 
@@ -88,12 +107,12 @@ impl<T: Serialize, C: Codec> Sender<T, C> {
     }
 
     fn send_inner(&self, msg: T, wait: Wait) -> Result<(), SendError<T>> {
-        send_encoded(&self.side, &msg, wait).map_err(|e| e.map(|()| msg))
+        send_encoded::<T, _, _>(&self.side, &msg, wait).map_err(|e| e.map(|()| msg))
     }
 
     /// Send a message by reference (it is only serialized, never moved).
     pub fn send_ref(&self, msg: &T) -> Result<(), SendError<()>> {
-        send_encoded(&self.side, msg, Wait::Until(None))
+        send_encoded::<T, _, _>(&self.side, msg, Wait::Until(None))
     }
 }
 
@@ -106,18 +125,25 @@ where
     /// [`Receiver::recv_ref`]): `Sender<Record<'static>>` sends a
     /// `&Record<'a>` whose fields borrow from anywhere.
     pub fn send_borrowed<'a>(&self, msg: &<T as Yokeable<'a>>::Output) -> Result<(), SendError<()>> {
-        send_encoded(&self.side, msg, Wait::Until(None))
+        send_encoded::<T, _, _>(&self.side, msg, Wait::Until(None))
     }
 }
 
-fn send_encoded<M: Serialize + ?Sized, C: Codec>(
+/// Send `msg` on a channel of `T`s, after `T`'s announcement if it is due.
+fn send_encoded<T, M: Serialize + ?Sized, C: Codec>(
     side: &SendSide<C>,
     msg: &M,
     wait: Wait,
 ) -> Result<(), SendError<()>> {
+    if !side.announced.load(Ordering::Acquire) {
+        side.announce::<T>(&wait)?;
+    }
     let buf = side.encode(msg, &wait)?;
-    let conn = &side.conn;
-    let r = match wait {
+    send_buf(&side.conn, buf, &wait)
+}
+
+fn send_buf(conn: &Connection, buf: Buf, wait: &Wait) -> Result<(), SendError<()>> {
+    let r = match *wait {
         Wait::Now => conn.try_send(buf),
         Wait::Until(None) => conn.send(buf),
         Wait::Until(Some(d)) => conn.send_timeout(buf, d.saturating_duration_since(Instant::now())),
@@ -128,6 +154,36 @@ fn send_encoded<M: Serialize + ?Sized, C: Codec>(
 }
 
 impl<C: Codec> SendSide<C> {
+    /// Send `T`'s announcement unless a clone already has. The one that
+    /// sends it holds the others back until it is out; a `try_send` that
+    /// would wait for it reports the channel full.
+    #[cold]
+    fn announce<T>(&self, wait: &Wait) -> Result<(), SendError<()>> {
+        let _one = match wait {
+            Wait::Now => match self.announcing.try_lock() {
+                Ok(g) => g,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => return Err(SendError::Full(())),
+            },
+            Wait::Until(_) => self.announcing.lock().unwrap_or_else(|p| p.into_inner()),
+        };
+        if self.announced.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let len = typecheck::encoded_len::<T>();
+        if len > self.conn.max_message() {
+            // A type name longer than a message: nothing to announce it in.
+            self.announced.store(true, Ordering::Release);
+            return Ok(());
+        }
+        let mut buf = self.alloc(len, wait)?;
+        let n = typecheck::encode::<T>(buf.spare_capacity());
+        buf.set_len(n);
+        send_buf(&self.conn, buf, wait)?;
+        self.announced.store(true, Ordering::Release);
+        Ok(())
+    }
+
     /// Serialize into a pool buffer sized by the last message's size, and
     /// again into an exact-size buffer if that was too small.
     fn encode<M: Serialize + ?Sized>(&self, msg: &M, wait: &Wait) -> Result<Buf, SendError<()>> {
@@ -177,6 +233,9 @@ struct RecvSide<C> {
     codec: C,
     /// The decode limit: [`decode_limit`] of the connection's `max_payload`.
     limit: usize,
+    /// The type the peer announced, once it turned out not to be ours:
+    /// every receive fails from then on.
+    mismatch: OnceLock<String>,
 }
 
 /// The receiving half of a typed channel. Clones share it. Receiving
@@ -187,6 +246,11 @@ struct RecvSide<C> {
 ///
 /// After the peer's sender closes, buffered messages are received first,
 /// then [`RecvError::Disconnected`], as with crossbeam channels.
+///
+/// A type announcement from the peer's [`Sender`] is checked and never
+/// shown: if it names `T` it is skipped (its buffer and credit go back), and
+/// otherwise this receive and every later one fail with
+/// [`TypedRecvError::TypeMismatch`].
 pub struct Receiver<T, C = Bincode> {
     side: Arc<RecvSide<C>>,
     _t: PhantomData<fn() -> T>,
@@ -207,7 +271,7 @@ impl<T, C> fmt::Debug for Receiver<T, C> {
 impl<T, C: Codec> Receiver<T, C> {
     pub(crate) fn new(conn: Connection, codec: C) -> Self {
         let limit = decode_limit(conn.max_message());
-        Self { side: Arc::new(RecvSide { conn, codec, limit }), _t: PhantomData }
+        Self { side: Arc::new(RecvSide { conn, codec, limit, mismatch: OnceLock::new() }), _t: PhantomData }
     }
 
     /// The underlying connection. This handle (and its clones) holds only
@@ -215,30 +279,82 @@ impl<T, C: Codec> Receiver<T, C> {
     pub fn connection(&self) -> &Connection {
         &self.side.conn
     }
+
+    /// The next message that is not a type announcement, from `recv`;
+    /// `recv` is called again after an announcement of `T`, so one that
+    /// hides a message already queued does not make a `try_recv` empty.
+    fn next(&self, mut recv: impl FnMut() -> Result<RecvBuf, RecvError>) -> Result<RecvBuf, TypedRecvError> {
+        loop {
+            if let Some(sent) = self.side.mismatch.get() {
+                return Err(self.mismatch(sent.clone()));
+            }
+            let buf = recv()?;
+            if !typecheck::is_announcement(&buf) {
+                return Ok(buf);
+            }
+            match typecheck::check::<T>(&buf) {
+                // Dropping the announcement returns its credit.
+                Ok(Verdict::Match) => continue,
+                Ok(Verdict::Mismatch(sent)) => {
+                    let _ = self.side.mismatch.set(sent.clone());
+                    return Err(self.mismatch(sent));
+                }
+                Err(e) => return Err(TypedRecvError::Announcement(e)),
+            }
+        }
+    }
+
+    fn mismatch(&self, sent: String) -> TypedRecvError {
+        TypedRecvError::TypeMismatch { sent, expected: std::any::type_name::<T>() }
+    }
+
+    fn recv_buf(&self) -> Result<RecvBuf, TypedRecvError> {
+        self.next(|| self.side.conn.recv())
+    }
+
+    fn try_recv_buf(&self) -> Result<RecvBuf, TypedRecvError> {
+        self.next(|| self.side.conn.try_recv())
+    }
+
+    fn recv_buf_timeout(&self, timeout: Duration) -> Result<RecvBuf, TypedRecvError> {
+        let deadline = Instant::now().checked_add(timeout);
+        self.next(|| match deadline {
+            Some(d) => self.side.conn.recv_timeout(d.saturating_duration_since(Instant::now())),
+            None => self.side.conn.recv(),
+        })
+    }
 }
 
 impl<T: DeserializeOwned, C: Codec> Receiver<T, C> {
     /// Receive the next message.
     pub fn recv(&self) -> Result<T, TypedRecvError> {
-        self.decode(self.side.conn.recv())
+        self.decode(self.recv_buf())
     }
 
     /// Receive a message if one is buffered.
     pub fn try_recv(&self) -> Result<T, TypedRecvError> {
-        self.decode(self.side.conn.try_recv())
+        self.decode(self.try_recv_buf())
     }
 
     /// Receive, waiting at most `timeout`.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<T, TypedRecvError> {
-        self.decode(self.side.conn.recv_timeout(timeout))
+        self.decode(self.recv_buf_timeout(timeout))
     }
 
-    /// An iterator of messages that ends at the first error of any kind,
-    /// **silently**: the peer's clean close, but also a connection failure
-    /// or a message that does not decode. For a server that must tell those
-    /// apart, use [`Receiver::iter_results`].
+    /// An iterator of messages that ends at the first error of any kind:
+    /// silently at the peer's clean close, and with a `warn` log at a
+    /// connection failure, a message that does not decode or a
+    /// [`TypedRecvError::TypeMismatch`]. For a server that must see those,
+    /// use [`Receiver::iter_results`].
     pub fn iter(&self) -> impl Iterator<Item = T> + '_ {
-        std::iter::from_fn(move || self.recv().ok())
+        std::iter::from_fn(move || match self.recv() {
+            Ok(m) => Some(m),
+            Err(e) if e.is_disconnected() => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "typed receive failed; iteration ends");
+                None
+            }
+        })
     }
 
     /// An iterator of every receive's outcome, errors included, for servers
@@ -271,7 +387,7 @@ impl<T: DeserializeOwned, C: Codec> Receiver<T, C> {
                     done = true;
                     None
                 }
-                Err(e @ TypedRecvError::Decode(_)) => Some(Err(e)),
+                Err(e @ (TypedRecvError::Decode(_) | TypedRecvError::Announcement(_))) => Some(Err(e)),
                 Err(e) => {
                     // A failure (nothing else comes from a blocking receive).
                     done = true;
@@ -281,7 +397,7 @@ impl<T: DeserializeOwned, C: Codec> Receiver<T, C> {
         })
     }
 
-    fn decode(&self, r: Result<zerocast_link::RecvBuf, RecvError>) -> Result<T, TypedRecvError> {
+    fn decode(&self, r: Result<RecvBuf, TypedRecvError>) -> Result<T, TypedRecvError> {
         let buf = r?;
         // The receive buffer is reposted when `buf` drops, right after decoding.
         self.side.codec.decode_limited::<T>(&buf, self.side.limit).map_err(TypedRecvError::Decode)
@@ -300,15 +416,20 @@ where
     /// `T` is the `'static` form of a borrowing type that derives
     /// `yoke::Yokeable`, for example `Receiver<Record<'static>>`.
     pub fn recv_ref(&self) -> Result<Guard<T>, TypedRecvError> {
-        self.attach(self.side.conn.recv())
+        self.attach(self.recv_buf())
     }
 
     /// [`Receiver::recv_ref`], waiting at most `timeout`.
     pub fn recv_ref_timeout(&self, timeout: Duration) -> Result<Guard<T>, TypedRecvError> {
-        self.attach(self.side.conn.recv_timeout(timeout))
+        self.attach(self.recv_buf_timeout(timeout))
     }
 
-    fn attach(&self, r: Result<zerocast_link::RecvBuf, RecvError>) -> Result<Guard<T>, TypedRecvError> {
+    /// [`Receiver::recv_ref`] if a message is buffered.
+    pub fn try_recv_ref(&self) -> Result<Guard<T>, TypedRecvError> {
+        self.attach(self.try_recv_buf())
+    }
+
+    fn attach(&self, r: Result<RecvBuf, TypedRecvError>) -> Result<Guard<T>, TypedRecvError> {
         let (buf, token) = r?.into_parts();
         let (codec, limit) = (&self.side.codec, self.side.limit);
         let yoke = Yoke::<T, Buf>::try_attach_to_cart(buf, |bytes: &[u8]| codec.decode_limited(bytes, limit))

@@ -61,6 +61,8 @@ pub struct Connection {
     /// The sides this handle holds open, and the count of every handle's.
     role: Role,
     ends: Arc<Ends>,
+    /// Whether typed senders split from it announce their type.
+    typed_check: bool,
 }
 
 /// The sides of a connection a handle holds open.
@@ -110,9 +112,9 @@ impl Drop for Connection {
 }
 
 impl Connection {
-    pub(crate) fn new(flavor: Flavor) -> Self {
+    pub(crate) fn new(flavor: Flavor, typed_check: bool) -> Self {
         let ends = Arc::new(Ends { send: AtomicUsize::new(1), recv: AtomicUsize::new(1) });
-        Self { flavor, role: Role::Both, ends }
+        Self { flavor, role: Role::Both, ends, typed_check }
     }
 
     /// Another handle of this connection that holds `role`'s sides open.
@@ -123,7 +125,7 @@ impl Connection {
         if role.receives() {
             self.ends.recv.fetch_add(1, Ordering::Relaxed);
         }
-        Self { flavor: self.flavor.clone(), role, ends: self.ends.clone() }
+        Self { flavor: self.flavor.clone(), role, ends: self.ends.clone(), typed_check: self.typed_check }
     }
 
     fn link(&self) -> &zerocast_link::Link {
@@ -243,6 +245,27 @@ impl Connection {
         })
     }
 
+    /// This connection with the type check of the typed channels split
+    /// from it turned on or off, whatever [`Config::typed_check`] says:
+    /// with it on, the [`Sender`] announces its message type before its
+    /// first message (one extra message on the wire), and a peer's
+    /// [`Receiver`] of another type fails with
+    /// [`TypedRecvError::TypeMismatch`]. Receivers understand announcements
+    /// either way.
+    ///
+    /// [`Config::typed_check`]: crate::Config::typed_check
+    /// [`TypedRecvError::TypeMismatch`]: crate::TypedRecvError::TypeMismatch
+    pub fn with_typed_check(mut self, on: bool) -> Self {
+        self.typed_check = on;
+        self
+    }
+
+    /// Whether typed senders split from this connection announce their
+    /// type (see [`Connection::with_typed_check`]).
+    pub fn typed_check(&self) -> bool {
+        self.typed_check
+    }
+
     /// Typed halves with the default codec (bincode).
     pub fn split<S, R>(self) -> (Sender<S>, Receiver<R>) {
         self.split_with(Bincode)
@@ -254,8 +277,9 @@ impl Connection {
     /// receiving side: dropping the receiver while the sender lives stops
     /// receiving only. Other clones of this connection keep both sides open.
     pub fn split_with<S, R, C: Codec>(self, codec: C) -> (Sender<S, C>, Receiver<R, C>) {
+        let check = self.typed_check;
         (
-            Sender::new(self.with_role(Role::Send), codec.clone()),
+            Sender::new(self.with_role(Role::Send), codec.clone(), check),
             Receiver::new(self.with_role(Role::Recv), codec),
         )
     }
@@ -298,6 +322,9 @@ pub(crate) enum ListenerFlavor {
 #[derive(Debug)]
 pub struct Listener {
     pub(crate) flavor: ListenerFlavor,
+    /// [`Config::typed_check`](crate::Config::typed_check) for the
+    /// connections it accepts.
+    pub(crate) typed_check: bool,
 }
 
 macro_rules! each_listener {
@@ -315,14 +342,15 @@ macro_rules! each_listener {
 
 impl Listener {
     fn accept_until(&self, deadline: Option<Instant>) -> Result<Connection, AcceptError> {
-        Ok(Connection::new(match &self.flavor {
+        let flavor = match &self.flavor {
             #[cfg(feature = "mem")]
             ListenerFlavor::Mem(l) => Flavor::Mem(l.accept_until(deadline)?),
             #[cfg(feature = "tcp")]
             ListenerFlavor::Tcp(l) => Flavor::Tcp(l.accept_until(deadline)?),
             #[cfg(feature = "rdma")]
             ListenerFlavor::Rc(l) => Flavor::Rc(l.accept_until(deadline)?),
-        }))
+        };
+        Ok(Connection::new(flavor, self.typed_check))
     }
 
     /// Wait for the next connection. Peers whose handshake fails are

@@ -32,6 +32,17 @@ pub struct Config {
     /// RDMA UD datagram settings (`ud://` and `mcast://` over RDMA).
     #[cfg(feature = "rdma")]
     pub ud: zerocast_rdma::ud::UdConfig,
+    /// Whether a typed [`Sender`](crate::Sender) announces its message
+    /// type, so that a [`Receiver`](crate::Receiver) of another type fails
+    /// with [`TypedRecvError::TypeMismatch`](crate::TypedRecvError::TypeMismatch)
+    /// instead of misreading. On the wire: one extra message (and credit)
+    /// per channel, before its first message. Receivers always understand
+    /// announcements, checking on or off. Default: on in debug builds, off
+    /// in release builds. [`Connection::with_typed_check`] overrides it per
+    /// connection.
+    ///
+    /// [`Connection::with_typed_check`]: crate::Connection::with_typed_check
+    pub typed_check: bool,
 }
 
 impl Default for Config {
@@ -48,6 +59,7 @@ impl Default for Config {
             udp: zerocast_tcp::udp::UdpConfig::default(),
             #[cfg(feature = "rdma")]
             ud: zerocast_rdma::ud::UdConfig::default(),
+            typed_check: cfg!(debug_assertions),
         }
     }
 }
@@ -62,6 +74,13 @@ impl Config {
     /// Set the pool settings.
     pub fn with_pool(mut self, pool: PoolConfig) -> Self {
         self.pool = pool;
+        self
+    }
+
+    /// Turn the type check of typed channels on or off (see
+    /// [`Config::typed_check`]).
+    pub fn with_typed_check(mut self, on: bool) -> Self {
+        self.typed_check = on;
         self
     }
 
@@ -207,7 +226,7 @@ impl Zerocast {
             }
             other => return Err(unavailable(other)),
         };
-        Ok(Connection::new(flavor))
+        Ok(Connection::new(flavor, self.inner.cfg.typed_check))
     }
 
     /// Listen at `uri`. Port 0 picks a free port: see [`Listener::local_endpoint`].
@@ -224,7 +243,7 @@ impl Zerocast {
             }
             other => return Err(unavailable(other)),
         };
-        Ok(Listener { flavor })
+        Ok(Listener { flavor, typed_check: self.inner.cfg.typed_check })
     }
 
     /// Resolve `auto://` (or a bare `host:port`) through the ordered list

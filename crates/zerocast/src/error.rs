@@ -4,6 +4,7 @@ pub use zerocast_core::{AcceptError, Classify, ConnError, ConnectError, ErrorKin
 pub use zerocast_mem::PoolError;
 
 pub use crate::codec::CodecError;
+pub use crate::typecheck::AnnouncementError;
 
 /// A typed receive that produced no message.
 #[derive(Debug, thiserror::Error)]
@@ -16,6 +17,23 @@ pub enum TypedRecvError {
     /// the bad message is dropped.
     #[error("received a message that does not decode")]
     Decode(#[source] CodecError),
+    /// The peer's sender announced a message type other than this
+    /// receiver's `T`. Every later receive on this receiver fails the same
+    /// way: what follows would be misread.
+    #[error(
+        "the peer sends `{sent}` but this receiver expects `{expected}`; split the connection \
+         with the same message type on both ends"
+    )]
+    TypeMismatch {
+        /// The type the peer's `Sender` announced.
+        sent: String,
+        /// This receiver's type.
+        expected: &'static str,
+    },
+    /// A message starts like a type announcement but is not one. The
+    /// connection stays up; the message is dropped.
+    #[error("received a malformed type announcement")]
+    Announcement(#[source] AnnouncementError),
 }
 
 impl TypedRecvError {
@@ -24,12 +42,15 @@ impl TypedRecvError {
         matches!(self, TypedRecvError::Recv(RecvError::Disconnected | RecvError::Failed(_)))
     }
 
-    /// What kind of failure this is: a message that does not decode is the
-    /// peer's [`ErrorKind::Protocol`]; `None` for an empty `try_recv`.
+    /// What kind of failure this is: a message that does not decode, a
+    /// type mismatch or a malformed announcement is the peer's
+    /// [`ErrorKind::Protocol`]; `None` for an empty `try_recv`.
     pub fn kind(&self) -> Option<ErrorKind> {
         match self {
             TypedRecvError::Recv(e) => e.kind(),
-            TypedRecvError::Decode(_) => Some(ErrorKind::Protocol),
+            TypedRecvError::Decode(_)
+            | TypedRecvError::TypeMismatch { .. }
+            | TypedRecvError::Announcement(_) => Some(ErrorKind::Protocol),
         }
     }
 }

@@ -45,6 +45,7 @@ mod context;
 #[cfg(feature = "tcp")]
 pub mod datagram;
 mod error;
+mod typecheck;
 
 pub use borrow::Guard;
 pub use channel::{Receiver, Sender};
@@ -54,8 +55,8 @@ pub use context::{connect, global, listen, Config, Zerocast};
 #[cfg(feature = "tcp")]
 pub use datagram::{DatagramReceiver, DatagramSender, DatagramSocket};
 pub use error::{
-    AcceptError, Classify, CodecError, ConnError, ConnectError, Error, ErrorKind, PoolError, RecvError,
-    SendError, TypedRecvError,
+    AcceptError, AnnouncementError, Classify, CodecError, ConnError, ConnectError, Error, ErrorKind,
+    PoolError, RecvError, SendError, TypedRecvError,
 };
 
 /// The `yoke` zerocast uses for [`Receiver::recv_ref`]. Deriving `Yokeable`

@@ -463,3 +463,52 @@ fn iter_results_ends_with_the_failure() {
     }
     assert!(rx.iter_results().next().is_some(), "a new iteration reports the failure again");
 }
+
+/// A 1 MiB frame that trickles in, 64 KiB at a time: while it is partial,
+/// every `try_recv` returns at once with `Empty` (a partial frame stays
+/// partial; it is not finished with blocking reads), a `recv_timeout`
+/// keeps its deadline, and the message arrives whole with its last byte.
+#[test]
+fn try_recv_never_waits_for_a_frame_that_trickles_in() {
+    let mut cfg = Config::default();
+    cfg.tcp = TcpConfig::default().with_timeouts(Duration::from_millis(500), Duration::from_secs(10));
+    let zc = Zerocast::with_config(cfg);
+    let (listener, addr) = listen(&zc);
+    let (mut bad, server) = handshaken(&listener, addr, 8);
+    let payload: Vec<u8> = (0..1usize << 20).map(|i| (i * 7 + i / 251) as u8).collect();
+    let frame = data(0, &payload);
+    let chunks: Vec<&[u8]> = frame.chunks(64 << 10).collect();
+    let mut tries = Vec::new();
+    let mut waits = Vec::new();
+    for (k, chunk) in chunks.iter().enumerate() {
+        bad.write_all(chunk).expect("write a chunk");
+        if k + 1 == chunks.len() {
+            break;
+        }
+        for _ in 0..3 {
+            let t = Instant::now();
+            let r = server.try_recv();
+            tries.push(t.elapsed());
+            assert!(matches!(r, Err(RecvError::Empty)), "chunk {k}: {:?}", r.map(|m| m.len()));
+        }
+        let t = Instant::now();
+        let r = server.recv_timeout(Duration::from_millis(20));
+        waits.push(t.elapsed());
+        assert!(matches!(r, Err(RecvError::Timeout)), "chunk {k}: {:?}", r.map(|m| m.len()));
+    }
+    let got = server.recv_timeout(Duration::from_secs(10)).expect("the whole message");
+    assert!(*got == payload[..], "the message arrived changed");
+    tries.sort();
+    waits.sort();
+    let (median, max) = (tries[tries.len() / 2], tries[tries.len() - 1]);
+    println!("try_recv while a 1 MiB frame trickles in: median {median:?}, max {max:?}; recv_timeout(20 ms) max {:?}", waits[waits.len() - 1]);
+    assert!(median < Duration::from_millis(1), "try_recv took {median:?} (median)");
+    // A blocking read would wait for the next chunk, which only comes
+    // after this loop: anything near the frame timeout is a wait.
+    assert!(max < Duration::from_millis(100), "try_recv took {max:?}");
+    assert!(
+        waits[waits.len() - 1] < Duration::from_millis(500),
+        "recv_timeout(20 ms) took {:?}",
+        waits[waits.len() - 1]
+    );
+}

@@ -33,8 +33,10 @@ pub trait Source: Send {
     /// Hand every complete frame that has arrived to `driver`
     /// ([`Driver::on_frame`]), without waiting at a frame boundary once one
     /// was handed over. With nothing there, wait for the next frame until
-    /// `until` (`None`: do not wait). A frame that has begun is read to its
-    /// end. After [`Pumped::Done`], every later call returns `Done` at once.
+    /// `until` (`None`: do not wait). A frame that has begun but not wholly
+    /// arrived stays partial for the next call: no call waits past `until`
+    /// for it. After [`Pumped::Done`], every later call returns `Done` at
+    /// once.
     fn pump(&mut self, driver: &Driver, until: Option<Instant>) -> Pumped;
 }
 

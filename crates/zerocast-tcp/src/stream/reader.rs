@@ -5,18 +5,20 @@
 //! straight into its pool buffer, with a little staging behind it in the
 //! same `readv` to pick up the next header.
 
-use std::io::{ErrorKind, IoSliceMut, Read};
+use std::io::IoSliceMut;
 use std::net::Shutdown;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
-use rustix::net::{recv, RecvFlags};
+use rustix::io::Errno;
+use rustix::net::{recv, recvmsg, RecvAncillaryBuffer, RecvFlags};
 use socket2::Socket;
 use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
 use zerocast_link::{Driver, Pumped, Source, StepAside};
-use zerocast_mem::{Buf, Wait};
+use zerocast_mem::{Buf, PoolError, Wait};
 
 /// Staging for headers and small frames.
 const STAGING: usize = 16 * 1024;
@@ -27,8 +29,11 @@ const TAIL: usize = 4096;
 
 /// Why reading stopped.
 enum Stop {
-    /// Nothing more has arrived, at a frame boundary.
+    /// Nothing more has arrived now: at a frame boundary, or part-way
+    /// through a frame (see [`Reader::mid_frame`]), which stays partial.
     Idle,
+    /// A data frame's payload has no pool buffer yet: the pool is at its cap.
+    Starved,
     /// Clean end of stream at a frame boundary.
     Eof,
     /// The connection failed.
@@ -38,38 +43,70 @@ enum Stop {
 /// How long a receiving application thread polls the socket before it
 /// sleeps on it.
 const SPIN: Duration = Duration::from_micros(20);
+/// How long a frame's payload may wait for a pool buffer before the
+/// connection fails.
+const POOL_PATIENCE: Duration = Duration::from_secs(30);
+/// How often the reader thread tries the pool again while a payload waits
+/// for a buffer.
+const POOL_RETRY: Duration = Duration::from_millis(10);
+
+/// When the reader thread must pump again though the socket has nothing
+/// new: a stalled frame's deadline, or the next try for a pool buffer.
+/// Nanoseconds since [`epoch`]; 0 for never. Set by the [`Reader`] (on
+/// whichever thread pumps it), read by [`run`].
+#[derive(Debug, Default)]
+pub(super) struct Attention(AtomicU64);
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+impl Attention {
+    fn set(&self, at: Option<Instant>) {
+        let nanos = at.map_or(0, |t| t.saturating_duration_since(epoch()).as_nanos().max(1) as u64);
+        self.0.store(nanos, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Option<Instant> {
+        match self.0.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(epoch() + Duration::from_nanos(n)),
+        }
+    }
+}
 
 /// The reader thread: reads whenever no application thread does.
 pub(super) fn run(sock: Arc<Socket>, driver: &Driver, frame_timeout: Duration) {
     driver.pool().prepare_thread();
-    if let Err(e) = sock.set_read_timeout(Some(frame_timeout)) {
-        driver.fail(e.into());
-        let _ = sock.shutdown(Shutdown::Both);
-        return;
-    }
-    driver.install_source(Box::new(Reader::new(sock.clone())));
+    let attention = Arc::new(Attention::default());
+    driver.install_source(Box::new(Reader::new(sock.clone(), frame_timeout, attention.clone())));
     let mut aside = StepAside::new();
     loop {
         if aside.nap_if_app_reads(driver) {
             continue;
         }
         // Wait for data without holding the source, so an application
-        // thread can take over the reading at any time. No timeout: an idle
-        // connection costs no wake-ups. Whatever ends the connection
-        // makes the socket readable: the peer's goodbye or end of stream,
-        // or the shutdown every local failure and close does (see
-        // `writer::run` and `ShutdownOnDrop`).
-        if !readable(&sock, None) || driver.app_reading() {
+        // thread can take over the reading at any time. No timeout while
+        // no frame is part-way: an idle connection costs no wake-ups.
+        // Whatever ends the connection makes the socket readable: the
+        // peer's goodbye or end of stream, or the shutdown every local
+        // failure and close does (see `writer::run` and `ShutdownOnDrop`).
+        // A frame in progress (or waiting for a pool buffer) asks for
+        // attention by a time: its stall deadline, or the pool's next try.
+        let due = attention.get();
+        let wait = due.map(|t| t.saturating_duration_since(Instant::now()));
+        if (!readable(&sock, wait) && due.is_none()) || driver.app_reading() {
             continue;
         }
-        match driver.try_pump(None) {
+        let until = due.map(|_| Instant::now() + POOL_RETRY);
+        match driver.try_pump(until) {
             Some(Pumped::Done) => return,
             Some(_) => {}
             None => aside.nap(),
         }
     }
 }
-
 /// Whether `sock` has something to read (data, end of stream or an error)
 /// within `wait` (`None`: however long that takes).
 fn readable(sock: &Socket, wait: Option<Duration>) -> bool {
@@ -101,7 +138,22 @@ fn readable_soon(sock: &Socket, wait: Duration) -> bool {
     }
 }
 
+/// A data frame whose header is read and whose payload is not yet whole.
+struct Pending {
+    header: Header,
+    /// `None` until the pool gives a buffer for the payload.
+    buf: Option<Buf>,
+    /// Payload bytes in `buf` so far.
+    got: usize,
+}
+
 /// The socket's read half: staging and the decoder's place in the stream.
+///
+/// Every read asks the socket without waiting (`MSG_DONTWAIT`): a frame
+/// that has not wholly arrived stays partial here (its header bytes in
+/// staging, or its payload in `pending`) and the pump returns, so a
+/// `try_recv` never waits and a `recv_timeout` keeps its deadline. A frame
+/// that makes no progress for `frame_timeout` fails the connection.
 pub(super) struct Reader {
     sock: Arc<Socket>,
     staging: Vec<u8>,
@@ -111,6 +163,14 @@ pub(super) struct Reader {
     /// The last read returned less than it had room for: the socket was
     /// empty then, so a pump that has handed frames over need not ask again.
     drained: bool,
+    pending: Option<Pending>,
+    /// When a frame in progress first found nothing more to read (reset by
+    /// every byte that arrives).
+    stalled_since: Option<Instant>,
+    /// When `pending` started waiting for a pool buffer.
+    starved_since: Option<Instant>,
+    frame_timeout: Duration,
+    attention: Arc<Attention>,
 }
 
 impl Source for Reader {
@@ -118,105 +178,224 @@ impl Source for Reader {
         if self.done {
             return Pumped::Done;
         }
-        let wait = |sock: &Socket| {
-            let left = until.and_then(|u| u.checked_duration_since(Instant::now()));
-            matches!(left, Some(left) if !left.is_zero() && readable_soon(sock, left))
-        };
         let mut frames = 0usize;
         loop {
-            if self.drained && self.start == self.end {
+            if self.drained && self.start == self.end && !self.starved() {
                 // The socket was empty at the last read: wait for it
                 // rather than ask it again.
                 if frames > 0 {
                     return Pumped::Frames;
                 }
-                if until.is_some() && !wait(&self.sock) {
-                    return Pumped::Idle;
+                // Without a deadline, ask the socket once more instead.
+                if until.is_some() {
+                    self.note_stall();
+                    if !self.wait(until) {
+                        return self.idle(driver);
+                    }
                 }
                 self.drained = false;
             }
-            match self.frame(driver) {
+            match self.frame(driver, until) {
                 Ok(()) => frames += 1,
-                Err(Stop::Idle) if frames > 0 => return Pumped::Frames,
+                Err(Stop::Idle | Stop::Starved) if frames > 0 => return self.idle_after(Pumped::Frames),
                 Err(Stop::Idle) => {
-                    if !wait(&self.sock) {
-                        return Pumped::Idle;
+                    self.note_stall();
+                    if !self.wait(until) {
+                        return self.idle(driver);
                     }
                 }
-                Err(stop) => {
-                    self.done = true;
-                    match stop {
-                        Stop::Failed(e) => {
-                            tracing::debug!(peer = %driver.peer(), error = %e, "tcp reader stops");
-                            driver.fail(e);
-                            let _ = self.sock.shutdown(Shutdown::Both);
-                        }
-                        _ => driver.on_end(),
+                Err(Stop::Starved) => {
+                    // `frame` waited for a buffer as long as `until` allows.
+                    if until.is_none_or(|u| Instant::now() >= u) {
+                        return self.idle(driver);
                     }
-                    return Pumped::Done;
                 }
+                Err(stop) => return self.stop(driver, stop),
             }
         }
     }
 }
 
 impl Reader {
-    fn new(sock: Arc<Socket>) -> Self {
-        Self { sock, staging: vec![0u8; STAGING], start: 0, end: 0, done: false, drained: false }
+    fn new(sock: Arc<Socket>, frame_timeout: Duration, attention: Arc<Attention>) -> Self {
+        Self {
+            sock,
+            staging: vec![0u8; STAGING],
+            start: 0,
+            end: 0,
+            done: false,
+            drained: false,
+            pending: None,
+            stalled_since: None,
+            starved_since: None,
+            frame_timeout,
+            attention,
+        }
     }
 
-    fn frame(&mut self, driver: &Driver) -> Result<(), Stop> {
-        self.fill(HEADER_LEN, true)?;
-        let header = Header::decode(&self.staging[self.start..self.end], driver.max_payload())
-            .map_err(|e| Stop::Failed(e.into()))?;
-        self.start += HEADER_LEN;
-        let payload = match header.kind {
-            FrameKind::Data => Some(self.payload(driver, &header)?),
-            _ if header.len == 0 => None,
-            _ => return Err(Stop::Failed(ConnError::Unsupported("control frame with a payload"))),
+    /// Part-way through a frame: some of its header in staging, or its
+    /// header read and its payload not whole.
+    fn mid_frame(&self) -> bool {
+        self.pending.is_some() || self.end > self.start
+    }
+
+    fn starved(&self) -> bool {
+        self.pending.as_ref().is_some_and(|p| p.buf.is_none())
+    }
+
+    /// When a stalled frame fails.
+    fn stall_deadline(&self) -> Option<Instant> {
+        self.stalled_since.map(|t| t + self.frame_timeout)
+    }
+
+    /// Wait until the socket is readable, `until` passes or a stalled
+    /// frame's deadline comes, whichever is first; whether it is readable.
+    fn wait(&self, until: Option<Instant>) -> bool {
+        let Some(until) = until else { return false };
+        let limit = self.stall_deadline().map_or(until, |d| d.min(until));
+        let left = limit.checked_duration_since(Instant::now());
+        matches!(left, Some(left) if !left.is_zero() && readable_soon(&self.sock, left))
+    }
+
+    /// A frame is part-way and the socket has nothing more: start its
+    /// stall clock, if not running (a payload waiting for a pool buffer is
+    /// not the peer's stall).
+    fn note_stall(&mut self) {
+        if self.stalled_since.is_none() && self.mid_frame() && !self.starved() {
+            self.stalled_since = Some(Instant::now());
+        }
+    }
+
+    /// Nothing more now. A frame left part-way is timed: past its deadline
+    /// the connection fails; before it, the reader thread is told when to
+    /// look again.
+    fn idle(&mut self, driver: &Driver) -> Pumped {
+        self.note_stall();
+        if let Some(since) = self.stalled_since {
+            if since.elapsed() >= self.frame_timeout {
+                let e = ConnError::TimedOut("peer stopped in the middle of a frame");
+                return self.stop(driver, Stop::Failed(e));
+            }
+        }
+        self.idle_after(Pumped::Idle)
+    }
+
+    /// Return `pumped`, telling the reader thread when to pump again if a
+    /// frame is part-way.
+    fn idle_after(&mut self, pumped: Pumped) -> Pumped {
+        let due = if self.starved() {
+            Some(Instant::now() + POOL_RETRY)
+        } else if self.mid_frame() {
+            Some(self.stall_deadline().unwrap_or_else(|| Instant::now() + self.frame_timeout))
+        } else {
+            self.stalled_since = None;
+            None
         };
-        driver.on_frame(header, payload).map_err(Stop::Failed)
+        self.attention.set(due);
+        pumped
     }
 
-    fn payload(&mut self, driver: &Driver, header: &Header) -> Result<Buf, Stop> {
-        let len = header.len as usize;
-        let mut buf = driver
-            .pool()
-            .alloc(len, Wait::For(Duration::from_secs(30)))
-            .map_err(|e| Stop::Failed(ConnError::transport(e)))?;
-        let staged = (self.end - self.start).min(len);
-        buf[..staged].copy_from_slice(&self.staging[self.start..self.start + staged]);
+    fn stop(&mut self, driver: &Driver, stop: Stop) -> Pumped {
+        self.done = true;
+        self.attention.set(None);
+        match stop {
+            Stop::Failed(e) => {
+                tracing::debug!(peer = %driver.peer(), error = %e, "tcp reader stops");
+                driver.fail(e);
+                let _ = self.sock.shutdown(Shutdown::Both);
+            }
+            _ => driver.on_end(),
+        }
+        Pumped::Done
+    }
+
+    /// Read bytes arrived: the frame in progress is not stalled.
+    fn progressed(&mut self) {
+        self.stalled_since = None;
+    }
+
+    fn frame(&mut self, driver: &Driver, until: Option<Instant>) -> Result<(), Stop> {
+        if self.pending.is_none() {
+            let at_boundary = self.end == self.start;
+            self.fill(HEADER_LEN, at_boundary)?;
+            let header = Header::decode(&self.staging[self.start..self.end], driver.max_payload())
+                .map_err(|e| Stop::Failed(e.into()))?;
+            self.start += HEADER_LEN;
+            match header.kind {
+                FrameKind::Data => self.pending = Some(Pending { header, buf: None, got: 0 }),
+                _ if header.len == 0 => return driver.on_frame(header, None).map_err(Stop::Failed),
+                _ => return Err(Stop::Failed(ConnError::Unsupported("control frame with a payload"))),
+            }
+        }
+        let Some(mut p) = self.pending.take() else { return Err(Stop::Idle) };
+        match self.payload(driver, until, &mut p) {
+            Ok(()) => driver.on_frame(p.header, p.buf).map_err(Stop::Failed),
+            Err(stop @ (Stop::Idle | Stop::Starved)) => {
+                self.pending = Some(p);
+                Err(stop)
+            }
+            Err(stop) => Err(stop),
+        }
+    }
+
+    /// Read as much of `p`'s payload as is there; `Ok` once it is whole.
+    fn payload(&mut self, driver: &Driver, until: Option<Instant>, p: &mut Pending) -> Result<(), Stop> {
+        let len = p.header.len as usize;
+        if p.buf.is_none() {
+            // Wait for a buffer only as long as the caller may.
+            let wait = until.map_or(Wait::No, |u| Wait::For(u.saturating_duration_since(Instant::now())));
+            match driver.pool().alloc(len, wait) {
+                Ok(b) => {
+                    p.buf = Some(b);
+                    self.starved_since = None;
+                }
+                Err(e @ (PoolError::Exhausted { .. } | PoolError::Timeout { .. })) => {
+                    let since = *self.starved_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= POOL_PATIENCE {
+                        return Err(Stop::Failed(ConnError::transport(e)));
+                    }
+                    return Err(Stop::Starved);
+                }
+                Err(e) => return Err(Stop::Failed(ConnError::transport(e))),
+            }
+        }
+        let Some(buf) = p.buf.as_mut() else { return Err(Stop::Starved) };
+        let staged = (self.end - self.start).min(len - p.got);
+        buf[p.got..p.got + staged].copy_from_slice(&self.staging[self.start..self.start + staged]);
         self.start += staged;
-        let mut got = staged;
-        while got < len {
+        p.got += staged;
+        while p.got < len {
             if len < DIRECT {
                 // Small frame: go through staging to pick up what follows too.
-                let want = len - got;
-                self.fill(want, false).map_err(|s| truncated(s, got, len))?;
-                buf[got..len].copy_from_slice(&self.staging[self.start..self.start + want]);
+                let want = len - p.got;
+                self.fill(want, false).map_err(|s| truncated(s, p.got, len))?;
+                buf[p.got..len].copy_from_slice(&self.staging[self.start..self.start + want]);
                 self.start += want;
-                got = len;
+                p.got = len;
             } else {
                 // Staging is drained (the payload outlasted it): read the
                 // payload in place and the start of what follows behind it.
                 self.start = 0;
                 self.end = 0;
                 let mut iov =
-                    [IoSliceMut::new(&mut buf[got..len]), IoSliceMut::new(&mut self.staging[..TAIL])];
-                let room = len - got + TAIL;
-                let n = read_some(&self.sock, &mut iov).map_err(|s| truncated(s, got, len))?;
+                    [IoSliceMut::new(&mut buf[p.got..len]), IoSliceMut::new(&mut self.staging[..TAIL])];
+                let room = len - p.got + TAIL;
+                let n = read_now(&self.sock, &mut iov).map_err(|s| truncated(s, p.got, len))?;
+                self.progressed();
                 self.drained = n < room;
                 driver.on_activity();
-                let direct = n.min(len - got);
-                got += direct;
+                let direct = n.min(len - p.got);
+                p.got += direct;
                 self.end = n - direct;
             }
         }
-        Ok(buf)
+        Ok(())
     }
 
-    /// Make at least `n` bytes available in staging. `at_boundary`: a clean
-    /// end of stream (or an idle timeout) before any byte is not an error.
+    /// Make at least `n` bytes available in staging, from what the socket
+    /// has now. `at_boundary`: a clean end of stream before any byte is
+    /// not an error. Short of `n`, what arrived stays staged and this is
+    /// [`Stop::Idle`].
     fn fill(&mut self, n: usize, at_boundary: bool) -> Result<(), Stop> {
         if self.end - self.start >= n {
             return Ok(());
@@ -227,52 +406,36 @@ impl Reader {
             self.start = 0;
         }
         while self.end - self.start < n {
-            let idle = at_boundary && self.end == self.start;
-            let got = if idle { self.sock_read_now() } else { self.sock_read() };
-            match got {
-                Ok(0) if idle => return Err(Stop::Eof),
-                Ok(0) => {
+            match recv(&*self.sock, &mut self.staging[self.end..], RecvFlags::DONTWAIT) {
+                Ok((0, _)) if at_boundary && self.end == self.start => return Err(Stop::Eof),
+                Ok((0, _)) => {
                     let got = (self.end - self.start) as u64;
                     return Err(Stop::Failed(ConnError::Truncated { got, expected: n as u64 }));
                 }
-                Ok(k) => {
+                Ok((k, _)) => {
+                    self.progressed();
                     self.drained = k < self.staging.len() - self.end;
                     self.end += k;
                 }
-                Err(e) if is_timeout(&e) && idle => return Err(Stop::Idle),
-                Err(e) if is_timeout(&e) => {
-                    return Err(Stop::Failed(ConnError::TimedOut("peer stopped in the middle of a frame")))
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(Stop::Failed(e.into())),
+                Err(e) if e == Errno::AGAIN => return Err(Stop::Idle),
+                Err(e) if e == Errno::INTR => continue,
+                Err(e) => return Err(Stop::Failed(std::io::Error::from(e).into())),
             }
         }
         Ok(())
     }
-
-    fn sock_read(&mut self) -> std::io::Result<usize> {
-        let mut s = &*self.sock;
-        s.read(&mut self.staging[self.end..])
-    }
-
-    /// Read what is there without waiting (`WouldBlock` if nothing is).
-    fn sock_read_now(&mut self) -> std::io::Result<usize> {
-        let (n, _) = recv(&*self.sock, &mut self.staging[self.end..], RecvFlags::DONTWAIT)?;
-        Ok(n)
-    }
 }
 
-fn read_some(sock: &Socket, iov: &mut [IoSliceMut<'_>]) -> Result<usize, Stop> {
-    let mut s = sock;
+/// Read what the socket has now into `iov`, without waiting.
+fn read_now(sock: &Socket, iov: &mut [IoSliceMut<'_>]) -> Result<usize, Stop> {
+    let mut control = RecvAncillaryBuffer::new(&mut []);
     loop {
-        match s.read_vectored(iov) {
-            Ok(0) => return Err(Stop::Failed(ConnError::Truncated { got: 0, expected: 1 })),
-            Ok(n) => return Ok(n),
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) if is_timeout(&e) => {
-                return Err(Stop::Failed(ConnError::TimedOut("peer stopped in the middle of a frame")))
-            }
-            Err(e) => return Err(Stop::Failed(e.into())),
+        match recvmsg(sock, iov, &mut control, RecvFlags::DONTWAIT) {
+            Ok(m) if m.bytes == 0 => return Err(Stop::Failed(ConnError::Truncated { got: 0, expected: 1 })),
+            Ok(m) => return Ok(m.bytes),
+            Err(e) if e == Errno::AGAIN => return Err(Stop::Idle),
+            Err(e) if e == Errno::INTR => continue,
+            Err(e) => return Err(Stop::Failed(std::io::Error::from(e).into())),
         }
     }
 }
@@ -280,13 +443,9 @@ fn read_some(sock: &Socket, iov: &mut [IoSliceMut<'_>]) -> Result<usize, Stop> {
 /// Report a truncation with the frame's real progress.
 fn truncated(s: Stop, got: usize, len: usize) -> Stop {
     match s {
-        Stop::Failed(ConnError::Truncated { .. }) | Stop::Eof | Stop::Idle => {
+        Stop::Failed(ConnError::Truncated { .. }) | Stop::Eof => {
             Stop::Failed(ConnError::Truncated { got: got as u64, expected: len as u64 })
         }
         other => other,
     }
-}
-
-fn is_timeout(e: &std::io::Error) -> bool {
-    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
 }

@@ -40,7 +40,7 @@ mod wire;
 pub use conn::{Connection, Flavor};
 pub use driver::{Driver, Frame};
 pub use link::{Link, LinkStats};
-pub use listener::{CloseSignal, ListenerCounters};
+pub use listener::{chain as error_chain, CloseSignal, ListenerCounters};
 pub use recv::{RecvBuf, ReleaseToken};
 pub use repost::{Repost, Reposted};
 pub use source::{Pumped, Source, StepAside};

@@ -55,7 +55,7 @@ impl ListenerCounters {
 }
 
 /// An error and its sources on one line.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub fn chain(e: &dyn std::error::Error) -> String {
     let mut msg = e.to_string();
     let mut src = e.source();
     while let Some(s) = src {

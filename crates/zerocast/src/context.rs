@@ -385,19 +385,6 @@ fn usable(scheme: Scheme) -> Result<(), String> {
     }
 }
 
-/// An error and its sources on one line.
-#[cfg(feature = "rdma")]
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        src = s.source();
-    }
-    msg
-}
-
 fn unavailable(scheme: Scheme) -> ConnectError {
     let reason = match scheme {
         Scheme::Rc | Scheme::RcOob => {

@@ -477,7 +477,7 @@ impl Zerocast {
         match r {
             Ok(s) => Ok(DatagramSocket::from_ud(s)),
             Err(e @ (UdError::BadEndpoint { .. } | UdError::Bind { .. } | UdError::WrongDevice { .. })) => {
-                Err(Skip(crate::context::error_chain(&e)))
+                Err(Skip(zerocast_link::error_chain(&e)))
             }
             Err(e) => Err(Fail(e.into())),
         }

@@ -136,6 +136,48 @@ fn many_small_rendezvous(scheme: &str) {
     drained(&t);
 }
 
+/// A rendezvous that finds the receiver's pool at its cap waits for a
+/// buffer without blocking anyone: `try_recv` returns `Empty` at once while
+/// it waits, and the message arrives intact once buffers come back.
+fn starved_rendezvous_never_blocks(scheme: &str) {
+    let link = LinkConfig::default().with_recv_window(16).with_max_payload(MIB as u64);
+    let rc = RcConfig::default().with_eager_limit(4096);
+    let pool = PoolConfig::default().with_max_bytes(16 * MIB);
+    let cfg = Config::default().with_link(link).with_rc(rc).with_pool(pool);
+    let uri = Box::leak(format!("{scheme}://{}:0", addr()).into_boxed_str());
+    let t = Transport { zc: Zerocast::with_config(cfg), listen_uri: uri };
+    let (client, server) = t.pair();
+    let mut msg = client.alloc(MIB).expect("alloc the message");
+    checksum::write(0, &mut msg);
+    // Take every buffer the READ could land in.
+    let pool = t.zc.rc().expect("rc transport").pool().clone();
+    let mut held = Vec::new();
+    while let Ok(b) = pool.alloc(MIB, zerocast::Wait::No) {
+        held.push(b);
+    }
+    println!("{scheme}: holding {} buffers of 1 MiB; the pool is at its cap", held.len());
+    client.send(msg).expect("send");
+    let mut tries = Vec::new();
+    let until = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < until {
+        let t0 = Instant::now();
+        let r = server.try_recv();
+        tries.push(t0.elapsed());
+        assert!(matches!(r, Err(RecvError::Empty)), "{:?}", r.map(|m| m.len()));
+    }
+    tries.sort();
+    let (median, max) = (tries[tries.len() / 2], tries[tries.len() - 1]);
+    println!("{scheme}: {} try_recv while the rendezvous waits: median {median:?}, max {max:?}", tries.len());
+    assert!(median < Duration::from_millis(1), "try_recv took {median:?} (median)");
+    assert!(max < Duration::from_millis(500), "try_recv took {max:?}");
+    drop(held);
+    let got = server.recv_timeout(Duration::from_secs(10)).expect("the message, once buffers are back");
+    assert_eq!((checksum::verify(&got), got.len()), (Ok(0), MIB));
+    drop(got);
+    drop((client, server));
+    drained(&t);
+}
+
 macro_rules! rendezvous {
     ($name:ident, $scheme:expr) => {
         mod $name {
@@ -157,6 +199,12 @@ macro_rules! rendezvous {
             #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
             fn rendezvous_limit_and_integrity() {
                 many_small_rendezvous($scheme);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn starved_rendezvous_keeps_try_recv_from_waiting() {
+                starved_rendezvous_never_blocks($scheme);
             }
         }
     };

@@ -66,7 +66,7 @@ pub use yoke;
 pub use zerocast_core as core;
 pub use zerocast_core::{Caps, Endpoint, LinkConfig, ListenerStats, Scheme};
 pub use zerocast_link::{LinkStats, RecvBuf};
-pub use zerocast_mem::{Buf, Pool, PoolConfig, PoolStats};
+pub use zerocast_mem::{Buf, Pool, PoolConfig, PoolStats, Wait};
 /// RDMA device access (verbs device, protection domain, registered memory).
 #[cfg(feature = "rdma")]
 pub use zerocast_rdma as rdma;

@@ -38,12 +38,12 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdma_sys::{ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc_status, ibv_wr_opcode};
 use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
 use zerocast_link::Driver;
-use zerocast_mem::{Buf, Wait};
+use zerocast_mem::{Buf, PoolError, Wait};
 
 use crate::mr::{Access, MemoryRegion};
 use crate::rc::engine::Io;
@@ -68,8 +68,10 @@ pub(crate) const SQ_EXTRA: usize = 1 + MAX_FINISHES;
 pub(crate) const DESC_LEN: usize = 16;
 /// A rendezvous request on the wire: its header, then the descriptor.
 pub(crate) const REQUEST_LEN: usize = HEADER_LEN + DESC_LEN;
-/// How long the thread polling the CQ waits for a pool buffer to read into.
-const ALLOC_WAIT: Duration = Duration::from_secs(5);
+/// How long a rendezvous may wait for a pool buffer to be read into
+/// before the connection fails. Nobody blocks for it: the request waits at
+/// the front of the held frames and every pump tries again.
+const ALLOC_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Where a rendezvous payload waits to be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,6 +161,9 @@ struct Inbound {
     held: VecDeque<Arrival>,
     /// Finish sends posted and not yet completed.
     finishes: usize,
+    /// Since when the request at the front of `held` waits for a pool
+    /// buffer to be read into.
+    starved_since: Option<Instant>,
 }
 
 /// A connection's rendezvous state, both directions.
@@ -174,6 +179,9 @@ pub(crate) struct Rendezvous {
     /// completion is), so it is exact there: an arrival that finds it
     /// clear goes straight to the link without taking `inbound`'s lock.
     holding: AtomicBool,
+    /// A request waits for a pool buffer (`Inbound::starved_since`): every
+    /// pump tries again ([`retry`]). Kept like `holding`.
+    starved: AtomicBool,
     /// The peer's receive-buffer size: larger payloads go by rendezvous.
     /// `usize::MAX` until the handshake is done.
     peer_eager: AtomicUsize,
@@ -195,8 +203,10 @@ impl Rendezvous {
                 active: None,
                 held: VecDeque::with_capacity(held_capacity),
                 finishes: 0,
+                starved_since: None,
             }),
             holding: AtomicBool::new(false),
+            starved: AtomicBool::new(false),
             peer_eager: AtomicUsize::new(usize::MAX),
             finish,
         }
@@ -281,8 +291,17 @@ impl Rendezvous {
             st.active = None;
         }
         st.held.clear();
+        st.starved_since = None;
         self.holding.store(false, Ordering::Relaxed);
+        self.starved.store(false, Ordering::Relaxed);
         self.outbound_cv.notify_all();
+    }
+
+    /// A rendezvous waits for a pool buffer: pumps must try again, and the
+    /// poller must not sleep without a timeout.
+    #[inline]
+    pub(crate) fn is_starved(&self) -> bool {
+        self.starved.load(Ordering::Relaxed)
     }
 }
 
@@ -318,21 +337,72 @@ fn arrive_in_order(io: &Io, driver: &Driver, a: Arrival) -> Result<(), ConnError
 }
 
 fn process(io: &Io, driver: &Driver, st: &mut Inbound, a: Arrival) -> Result<(), ConnError> {
-    match a {
-        Arrival::Frame(h) => driver.on_frame(h, None),
-        Arrival::Immediate(imm, buf) => driver.on_immediate(imm, buf),
-        Arrival::Short(credits, seq_low, buf) => driver.on_short(credits, seq_low, buf),
-        Arrival::Request(h, d) => start_read(io, st, h, d).map_err(ConnError::transport),
-    }
+    st.held.push_back(a);
+    drain_held(io, driver, st)
 }
 
-fn start_read(io: &Io, st: &mut Inbound, header: Header, d: Descriptor) -> Result<(), RcError> {
+/// Hand the held frames on in order until a READ is active or a request
+/// waits for a pool buffer; then record what is held.
+fn drain_held(io: &Io, driver: &Driver, st: &mut Inbound) -> Result<(), ConnError> {
+    let r = io.rendezvous();
+    let result = loop {
+        if st.active.is_some() {
+            break Ok(());
+        }
+        let Some(a) = st.held.pop_front() else { break Ok(()) };
+        let done = match a {
+            Arrival::Frame(h) => driver.on_frame(h, None),
+            Arrival::Immediate(imm, buf) => driver.on_immediate(imm, buf),
+            Arrival::Short(credits, seq_low, buf) => driver.on_short(credits, seq_low, buf),
+            Arrival::Request(h, d) => match start_read(io, st, h, d) {
+                Ok(true) => Ok(()),
+                // No buffer yet: it waits at the front, and so does
+                // everything behind it.
+                Ok(false) => {
+                    st.held.push_front(Arrival::Request(h, d));
+                    break Ok(());
+                }
+                Err(e) => Err(ConnError::transport(e)),
+            },
+        };
+        if let Err(e) = done {
+            break Err(e);
+        }
+    };
+    // Left set on an error: the connection has failed, and what arrives
+    // after it stays held.
+    r.holding.store(result.is_err() || st.active.is_some() || !st.held.is_empty(), Ordering::Relaxed);
+    r.starved.store(st.active.is_none() && st.starved_since.is_some(), Ordering::Relaxed);
+    result
+}
+
+/// Try again to start a rendezvous that waits for a pool buffer (called by
+/// the thread polling the CQ on every pump while one does).
+#[inline(never)]
+pub(crate) fn retry(io: &Io, driver: &Driver) -> Result<(), ConnError> {
+    let mut st = lock(&io.rendezvous().inbound);
+    drain_held(io, driver, &mut st)
+}
+
+/// Start the READ of a rendezvous: `Ok(false)` when the pool has no
+/// buffer for it now (the caller keeps the request and tries again), an
+/// error once it has waited [`ALLOC_PATIENCE`] or the pool refuses for
+/// good.
+fn start_read(io: &Io, st: &mut Inbound, header: Header, d: Descriptor) -> Result<bool, RcError> {
     let len = d.len as usize;
-    let buf = io.pool().alloc(len, Wait::For(ALLOC_WAIT)).map_err(|source| RcError::Pool {
-        what: "a rendezvous read",
-        len,
-        source,
-    })?;
+    let pool_error = |source| RcError::Pool { what: "a rendezvous read", len, source };
+    let buf = match io.pool().alloc(len, Wait::No) {
+        Ok(buf) => buf,
+        Err(e @ (PoolError::Exhausted { .. } | PoolError::Timeout { .. })) => {
+            let since = *st.starved_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= ALLOC_PATIENCE {
+                return Err(pool_error(e));
+            }
+            return Ok(false);
+        }
+        Err(e) => return Err(pool_error(e)),
+    };
+    st.starved_since = None;
     let mut sge = ibv_sge { addr: buf.addr(), length: d.len, lkey: buf.keys().lkey };
     // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero counts).
     let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
@@ -351,7 +421,7 @@ fn start_read(io: &Io, st: &mut Inbound, header: Header, d: Descriptor) -> Resul
         .map_err(|(_, e)| RcError::verbs("ibv_post_send (rendezvous read)", e))?;
     st.active = Some((Header::new(FrameKind::Data, header.credits, header.seq, u64::from(d.len)), buf));
     io.rendezvous().holding.store(true, Ordering::Relaxed);
-    Ok(())
+    Ok(true)
 }
 
 /// The READ of the active rendezvous completed: finish it, deliver the
@@ -373,14 +443,7 @@ pub(crate) fn on_read_done(io: &Io, driver: &Driver, status: u32, vendor_err: u3
     // finish before the credit.
     post_finish(io, &r.finish, &mut st).map_err(ConnError::transport)?;
     driver.on_frame(header, Some(buf))?;
-    while st.active.is_none() {
-        let Some(a) = st.held.pop_front() else { break };
-        process(io, driver, &mut st, a)?;
-    }
-    // Left set on the errors above: the connection has failed, and what
-    // arrives after it stays held, as before.
-    r.holding.store(st.active.is_some() || !st.held.is_empty(), Ordering::Relaxed);
-    Ok(())
+    drain_held(io, driver, &mut st)
 }
 
 fn post_finish(io: &Io, slab: &HeaderSlab, st: &mut Inbound) -> Result<(), RcError> {

@@ -20,6 +20,7 @@ use zerocast_link::{Driver, Pumped, Source, StepAside};
 
 use super::completion::on_completion;
 use super::{lock, Io, POLL_BATCH};
+use crate::rc::rendezvous;
 use crate::rc::RcError;
 
 /// In event mode, how long a receiving thread spins on the CQ before it
@@ -56,6 +57,13 @@ impl RcSource {
     /// Poll one batch of completions and act on each; how many there were.
     fn poll_once(&mut self, driver: &Driver) -> usize {
         let io = &*self.io;
+        if io.rendezvous.is_starved() {
+            // A rendezvous waits for a pool buffer: try again.
+            if let Err(e) = rendezvous::retry(io, driver) {
+                driver.fail(e);
+                io.close();
+            }
+        }
         let n = match io.cq.poll(&mut self.wcs) {
             Ok(n) => n,
             Err(e) => {
@@ -264,6 +272,10 @@ fn poll_until_drained(io: &Io, driver: &Driver) -> bool {
         // wait for flushes, which may complete unannounced.
         let waited = if io.is_closing() {
             io.cq.readable(WAIT_SLICE_MS)
+        } else if io.rendezvous.is_starved() {
+            // A buffer coming back to the pool announces nothing here:
+            // look again in a slice.
+            io.cq.readable_or_closing(io.close_signal(), WAIT_SLICE_MS)
         } else {
             io.cq.readable_or_closing(io.close_signal(), -1)
         };

@@ -128,7 +128,8 @@ fn write_exposed(t: &Transport) {
     tell(&client, Msg::Done);
     assert!(matches!(hear(&server), Msg::Done));
     let mut seen = vec![0u8; LEN];
-    exposure.read_into(0, &mut seen);
+    exposure.read_into(0, &mut seen).expect("inside the exposure");
+    assert!(matches!(exposure.read_into(1, &mut seen), Err(RcError::OutOfRange { .. })));
     assert!(seen.iter().enumerate().all(|(i, &b)| b == pattern(i, 42)), "WRITE bytes differ");
     // Half the region, at an offset: the region arithmetic is the caller's.
     let half = RemoteRegion { addr: region.addr + 1000, len: region.len - 1000, rkey: region.rkey };
@@ -176,7 +177,7 @@ fn write_with_immediate(t: &Transport) {
         let note = server.conn.recv_timeout(TIMEOUT).expect("write notification");
         assert_eq!((note.immediate(), note.len()), (Some(0xA000_0000 | k as u32), 0), "notification {k}");
         let mut chunk = [0u8; CHUNK];
-        exposure.read_into(k * CHUNK, &mut chunk);
+        exposure.read_into(k * CHUNK, &mut chunk).expect("inside the exposure");
         assert!(chunk.iter().enumerate().all(|(i, &b)| b == pattern(i, k as u8)), "chunk {k} not in place");
         drop(note);
         let msg = server.conn.recv_timeout(TIMEOUT).expect("message");

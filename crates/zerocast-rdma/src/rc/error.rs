@@ -58,6 +58,16 @@ pub enum RcError {
         /// Bytes of the remote region.
         remote: u64,
     },
+    /// A range asked of an exposed buffer lies outside it.
+    #[error("{len} bytes at offset {offset} are outside the {exposed} exposed bytes")]
+    OutOfRange {
+        /// Where the range starts.
+        offset: usize,
+        /// Its length.
+        len: usize,
+        /// Bytes exposed.
+        exposed: usize,
+    },
     /// The connection is closed (or failed): nothing more is posted or
     /// received on it (a one-sided request asked for now is not posted).
     #[error("the RC connection is closed; nothing more is posted on it")]
@@ -178,7 +188,7 @@ impl Classify for RcError {
                 "RDMA_CM_EVENT_ADDR_ERROR" | "RDMA_CM_EVENT_ROUTE_ERROR" => ErrorKind::Refused,
                 _ => ErrorKind::LocalResource,
             },
-            RcError::RemoteTooShort { .. } => ErrorKind::InvalidInput,
+            RcError::RemoteTooShort { .. } | RcError::OutOfRange { .. } => ErrorKind::InvalidInput,
             RcError::LocalProtection
             | RcError::Verbs { .. }
             | RcError::Config(_)

@@ -159,17 +159,19 @@ impl Exposure<'_> {
     /// peer may still be writing others (after a WRITE with immediate
     /// announced the ones asked for, say). Each byte is read with a
     /// volatile load: the device writes this memory behind the compiler's
-    /// back. Panics if the range is outside the exposed bytes.
-    pub fn read_into(&self, offset: usize, out: &mut [u8]) {
-        let len = self.region.len as usize;
-        let end = offset.checked_add(out.len()).filter(|&e| e <= len);
-        assert!(end.is_some(), "read_into: {offset}+{} is outside the {len} exposed bytes", out.len());
+    /// back. A range outside the exposed bytes is [`RcError::OutOfRange`].
+    pub fn read_into(&self, offset: usize, out: &mut [u8]) -> Result<(), RcError> {
+        let exposed = self.region.len as usize;
+        if offset.checked_add(out.len()).is_none_or(|end| end > exposed) {
+            return Err(RcError::OutOfRange { offset, len: out.len(), exposed });
+        }
         for (i, o) in out.iter_mut().enumerate() {
             // SAFETY: `offset + i < len`, inside the borrowed buffer, which
             // lives and stays in place while `self` does; a volatile read
             // through a raw pointer makes no claim that nobody else writes.
             *o = unsafe { self.base.as_ptr().add(offset + i).read_volatile() };
         }
+        Ok(())
     }
 
     /// Revoke the peer's access now (the same as dropping the guard).

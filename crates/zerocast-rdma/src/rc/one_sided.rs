@@ -280,7 +280,8 @@ fn io_of(conn: &RcConnection) -> Result<Arc<Io>, RcError> {
 
 fn exposure<'a>(conn: &RcConnection, buf: &Buf, access: Access) -> Result<Exposure<'a>, RcError> {
     let io = io_of(conn)?;
-    let addr = NonNull::new(buf.addr() as *mut u8).ok_or(RcError::Config("null pool buffer".into()))?;
+    let addr =
+        NonNull::new(buf.addr() as *mut u8).ok_or_else(|| RcError::Config("null pool buffer".into()))?;
     // SAFETY: `buf` is a live pool buffer, mapped and in place while it
     // lives, and the returned guard borrows it for its whole life (the
     // caller's signature ties the lifetimes), so the registration is

@@ -119,8 +119,8 @@ impl Descriptor {
 /// peer's RDMA READ: the rkey of the result reaches nothing else, and
 /// nothing once it is dropped.
 pub(crate) fn grant(io: &Io, buf: &Buf) -> Result<MemoryRegion, RcError> {
-    let addr =
-        std::ptr::NonNull::new(buf.addr() as *mut u8).ok_or(RcError::Config("null pool buffer".into()))?;
+    let addr = std::ptr::NonNull::new(buf.addr() as *mut u8)
+        .ok_or_else(|| RcError::Config("null pool buffer".into()))?;
     // SAFETY: `buf` is a live pool buffer, mapped and in place while it
     // lives; every grant is dropped before its buffer (`Lent` drops the
     // grant first, and `post_batch` drops unposted grants before its

@@ -345,7 +345,11 @@ pub fn bad_message_is_typed_error(t: &Transport) {
     tx.send(order(1, 8)).expect("send typed");
     let (_s, rx) = server.split::<(), Order>();
     match rx.recv_timeout(Duration::from_secs(10)) {
-        Err(e @ TypedRecvError::Decode(_)) => assert_eq!(e.kind(), Some(ErrorKind::Protocol)),
+        Err(e @ TypedRecvError::Decode(_)) => {
+            assert_eq!(e.kind(), Some(ErrorKind::Protocol));
+            let why = std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
+            assert!(why.contains("Order"), "the error names the type it expected: {why}");
+        }
         other => panic!("expected a decode error, got {other:?}"),
     }
     assert_eq!(rx.recv_timeout(Duration::from_secs(10)).expect("next message"), order(1, 8));

@@ -224,6 +224,17 @@ impl<C: Codec> SendSide<C> {
     }
 }
 
+/// A message that does not decode as `T`: the error names `T`, so a
+/// receiver of the wrong type says what it expected even when the sender
+/// announced nothing.
+#[cold]
+fn decode_error<T>(e: CodecError) -> TypedRecvError {
+    TypedRecvError::Decode(match e {
+        CodecError::Decode(why) => CodecError::Decode(format!("as {}: {why}", std::any::type_name::<T>())),
+        other => other,
+    })
+}
+
 fn rejected(e: CodecError) -> SendError<()> {
     SendError::Rejected((), Arc::new(e))
 }
@@ -400,7 +411,7 @@ impl<T: DeserializeOwned, C: Codec> Receiver<T, C> {
     fn decode(&self, r: Result<RecvBuf, TypedRecvError>) -> Result<T, TypedRecvError> {
         let buf = r?;
         // The receive buffer is reposted when `buf` drops, right after decoding.
-        self.side.codec.decode_limited::<T>(&buf, self.side.limit).map_err(TypedRecvError::Decode)
+        self.side.codec.decode_limited::<T>(&buf, self.side.limit).map_err(decode_error::<T>)
     }
 }
 
@@ -433,7 +444,7 @@ where
         let (buf, token) = r?.into_parts();
         let (codec, limit) = (&self.side.codec, self.side.limit);
         let yoke = Yoke::<T, Buf>::try_attach_to_cart(buf, |bytes: &[u8]| codec.decode_limited(bytes, limit))
-            .map_err(TypedRecvError::Decode)?;
+            .map_err(decode_error::<T>)?;
         Ok(Guard::new(yoke, token))
     }
 }

@@ -34,6 +34,7 @@ use zerocast_core::SendError;
 use zerocast_mem::Buf;
 
 use super::engine::Io;
+use super::rendezvous;
 use super::{RcConnection, RcError, Resources};
 use crate::mr::{Access, MemoryRegion};
 
@@ -280,18 +281,15 @@ fn io_of(conn: &RcConnection) -> Result<Arc<Io>, RcError> {
 
 fn exposure<'a>(conn: &RcConnection, buf: &Buf, access: Access) -> Result<Exposure<'a>, RcError> {
     let io = io_of(conn)?;
-    let addr =
-        NonNull::new(buf.addr() as *mut u8).ok_or_else(|| RcError::Config("null pool buffer".into()))?;
-    // SAFETY: `buf` is a live pool buffer, mapped and in place while it
-    // lives, and the returned guard borrows it for its whole life (the
+    // SAFETY: the returned guard borrows `buf` for its whole life (the
     // caller's signature ties the lifetimes), so the registration is
     // dropped before the buffer can be. A writable exposure is made only
     // from `&mut Buf`, so no reader holds the bytes while the peer may
     // write them.
-    let grant = unsafe { MemoryRegion::register(io.qp().pd(), addr, buf.len(), access) }
-        .map_err(|source| RcError::Register { what: "an exposed buffer", source })?;
+    let grant = unsafe { rendezvous::grant(&io, buf, access, "an exposed buffer") }?;
     let region = RemoteRegion { addr: buf.addr(), len: buf.len() as u64, rkey: grant.keys().rkey };
-    Ok(Exposure { grant, region, writable: access == Access::RemoteReadWrite, base: addr, _buf: PhantomData })
+    let base = NonNull::from(&**buf).cast::<u8>();
+    Ok(Exposure { grant, region, writable: access == Access::RemoteReadWrite, base, _buf: PhantomData })
 }
 
 impl OneSided for RcConnection {

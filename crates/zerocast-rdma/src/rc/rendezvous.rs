@@ -115,19 +115,27 @@ impl Descriptor {
     }
 }
 
-/// Register exactly the payload of `buf` (its `len()` bytes) for the
-/// peer's RDMA READ: the rkey of the result reaches nothing else, and
-/// nothing once it is dropped.
-pub(crate) fn grant(io: &Io, buf: &Buf) -> Result<MemoryRegion, RcError> {
+/// Register exactly the bytes of `buf` (its `len()`) for the peer, with
+/// `access`: the rkey of the result reaches nothing else, and nothing once
+/// it is dropped. Rendezvous payloads and exposed buffers both go through
+/// here; `what` names which in an error.
+///
+/// # Safety
+/// The registration must be dropped before `buf` is. With remote write
+/// access, nothing may read `buf` through a reference while it lives.
+pub(crate) unsafe fn grant(
+    io: &Io,
+    buf: &Buf,
+    access: Access,
+    what: &'static str,
+) -> Result<MemoryRegion, RcError> {
     let addr = std::ptr::NonNull::new(buf.addr() as *mut u8)
         .ok_or_else(|| RcError::Config("null pool buffer".into()))?;
     // SAFETY: `buf` is a live pool buffer, mapped and in place while it
-    // lives; every grant is dropped before its buffer (`Lent` drops the
-    // grant first, and `post_batch` drops unposted grants before its
-    // frames). Remote READ only: the device never writes the memory, so
-    // the `&Buf` readers the application may hold see no writer.
-    unsafe { MemoryRegion::register(io.qp().pd(), addr, buf.len(), Access::RemoteRead) }
-        .map_err(|source| RcError::Register { what: "a rendezvous payload", source })
+    // lives; our caller drops the registration before the buffer and
+    // keeps readers away while the peer may write.
+    unsafe { MemoryRegion::register(io.qp().pd(), addr, buf.len(), access) }
+        .map_err(|source| RcError::Register { what, source })
 }
 
 /// A payload lent to the peer until its finish. Field order is drop order:

@@ -20,7 +20,7 @@ use zerocast_mem::Buf;
 
 use super::completion::short_immediate;
 use super::{lock, Io};
-use crate::mr::MemoryRegion;
+use crate::mr::{Access, MemoryRegion};
 use crate::rc::rendezvous::{self, Descriptor, Lent, DESC_LEN, MAX_PENDING};
 use crate::rc::RcError;
 use crate::send_ring::{Reserved, SendRing};
@@ -207,7 +207,12 @@ fn post_chain(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
         // anything is reserved: a failed registration fails the connection
         // with nothing posted (and the grants so far revoked).
         if let Some(b) = f.payload.as_ref().filter(|_| large) {
-            grants.push_back(rendezvous::grant(io, b)?);
+            // SAFETY: every grant is dropped before its buffer: `Lent`
+            // drops the grant first, and `post_batch` drops unposted
+            // grants before its frames go back. Remote READ only: the
+            // device never writes the payload.
+            let grant = unsafe { rendezvous::grant(io, b, Access::RemoteRead, "a rendezvous payload") }?;
+            grants.push_back(grant);
         }
     }
     // Take a slot per frame first, waiting while the send queue is full.

@@ -27,6 +27,7 @@
 
 mod conn;
 mod driver;
+pub mod engine;
 mod handoff;
 mod link;
 mod listener;
@@ -44,7 +45,7 @@ pub use listener::{chain as error_chain, CloseSignal, ListenerCounters};
 pub use recv::{RecvBuf, ReleaseToken};
 pub use repost::{Repost, Reposted};
 pub use source::{Pumped, Source, StepAside};
-pub use wire::{Wire, WireCtx};
+pub use wire::{Wire, WireCtx, Writing};
 
 use std::sync::Arc;
 

@@ -175,6 +175,7 @@ impl Link {
         match self.shared.tx.push(Outgoing::Data(buf, reservation, tag)) {
             Ok(()) => {
                 st.queued_data += 1;
+                self.shared.kick();
                 Ok(())
             }
             Err(PushError::Full(Outgoing::Data(buf, r, _)))
@@ -258,6 +259,7 @@ impl Link {
     /// [`crate::Source`]). `None`: another thread is reading it; wait for
     /// its deliveries instead.
     fn recv_reading(&self, deadline: Option<Instant>) -> Option<Result<RecvBuf, RecvError>> {
+        self.shared.claim();
         let _reading = AppReading::enter(&self.shared.app_readers);
         let mut busy = 0;
         loop {
@@ -312,6 +314,7 @@ impl Link {
             }
         }
         if self.shared.source.0.get().is_some() {
+            self.shared.claim();
             match self.pump_handing_over(None) {
                 OwnPump::HandedOver(d) => return self.deliver(d),
                 OwnPump::Pumped(Some(Pumped::Frames | Pumped::Done)) => {
@@ -362,6 +365,7 @@ impl Link {
     /// Close the sending side. Messages already sent are still delivered;
     /// then the peer's receivers see a disconnect. Receiving goes on.
     pub fn close(&self) {
+        self.shared.unclaim();
         let mut st = self.shared.lock();
         if !st.local_closed {
             st.local_closed = true;
@@ -373,6 +377,7 @@ impl Link {
     /// The application will receive no more: messages still queued, and any
     /// that arrive later, are released at once so the peer keeps its credit.
     pub fn close_receiver(&self) {
+        self.shared.unclaim();
         self.shared.lock().receiver_gone = true;
         while let Some(d) = self.shared.delivered.try_pop() {
             match d {
@@ -391,6 +396,7 @@ impl Link {
     /// exits, so the peer sees a clean goodbye rather than a vanished peer.
     /// `true` for a clean end; `false` on a failure or at `deadline`.
     pub fn wait_closed(&self, deadline: Option<Instant>) -> bool {
+        self.shared.unclaim();
         let mut st = self.shared.lock();
         loop {
             if st.failed.is_some() {
@@ -421,8 +427,13 @@ impl Link {
         self.shared.lock().failed.clone()
     }
 
-    /// Counters.
+    /// Counters. Frames that have arrived are read first (without waiting),
+    /// so `queued` counts every message there is to take, whichever thread
+    /// reads the connection.
     pub fn stats(&self) -> LinkStats {
+        if self.shared.source.0.get().is_some() {
+            let _ = self.reader.pump_as(None, false);
+        }
         let mut st = self.shared.lock();
         self.shared.fold_releases(&mut st);
         LinkStats {

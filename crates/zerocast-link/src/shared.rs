@@ -8,6 +8,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use zerocast_core::{ConnError, Credits, Endpoint};
 use zerocast_mem::{Buf, Pool};
 
+use crate::engine::Waker;
 use crate::queue::Queue;
 use crate::repost::{Repost, Reposted};
 use crate::source::SourceLock;
@@ -97,6 +98,18 @@ pub(crate) struct Shared {
     pub(crate) bg_pumping: AtomicBool,
     /// Pumps by application threads so far (see [`crate::StepAside`]).
     pub(crate) app_pumps: AtomicU64,
+    /// The engine task driving this connection, when an engine does.
+    pub(crate) waker: Hook<Waker>,
+    /// The engine task is woken and has not yet run: further wake-ups
+    /// are merged into that run.
+    pub(crate) scheduled: AtomicBool,
+    /// An application thread receives on this connection and reads the
+    /// source itself: the engine leaves the reading to it (see
+    /// [`crate::Driver::reader_claimed`]).
+    pub(crate) claimed: AtomicBool,
+    /// The engine found the source held by an application thread, which
+    /// wakes it when it lets go.
+    pub(crate) handback: AtomicBool,
     /// Received buffers released and not yet told to the credit machine
     /// (see [`Shared::release_one`]).
     released: AtomicU32,
@@ -157,6 +170,10 @@ impl Shared {
             app_readers: AtomicUsize::new(0),
             bg_pumping: AtomicBool::new(false),
             app_pumps: AtomicU64::new(0),
+            waker: Hook::default(),
+            scheduled: AtomicBool::new(false),
+            claimed: AtomicBool::new(false),
+            handback: AtomicBool::new(false),
             released: AtomicU32::new(0),
             release_batch: (setup.config.recv_window / 8).clamp(1, 32),
         };
@@ -191,6 +208,34 @@ impl Shared {
         if !st.wake_queued {
             st.wake_queued = true;
             let _ = self.tx.push(Outgoing::Wake);
+            self.kick();
+        }
+    }
+
+    /// Wake the engine task that drives this connection, if an engine
+    /// does and the task is not woken already.
+    #[inline]
+    pub(crate) fn kick(&self) {
+        if let Some(waker) = self.waker.0.get() {
+            if !self.scheduled.swap(true, Ordering::SeqCst) {
+                waker.wake();
+            }
+        }
+    }
+
+    /// An application thread receives here: the engine stops reading.
+    #[inline(always)]
+    pub(crate) fn claim(&self) {
+        if !self.claimed.load(Ordering::Relaxed) {
+            self.claimed.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// The application stops receiving for now (it closes, or waits for
+    /// the connection to end): the engine reads again.
+    pub(crate) fn unclaim(&self) {
+        if self.claimed.swap(false, Ordering::SeqCst) {
+            self.kick();
         }
     }
 

@@ -81,8 +81,37 @@ impl Driver {
         };
         if background {
             self.shared.bg_pumping.store(false, Ordering::SeqCst);
+        } else if self.shared.handback.load(Ordering::Relaxed)
+            && self.shared.handback.swap(false, Ordering::SeqCst)
+        {
+            // The engine found the source taken by this thread: it reads
+            // again now.
+            self.shared.kick();
         }
         r
+    }
+
+    /// For the engine: whether an application thread receives on this
+    /// connection and reads the source itself. The engine then leaves the
+    /// reading to it (a receiving thread woken by its own socket needs no
+    /// second thread woken beside it) until the application closes, waits
+    /// for the end, or stops receiving. What then arrives for it waits in
+    /// the socket or CQ; a sender short of credit reads for itself.
+    pub fn reader_claimed(&self) -> bool {
+        self.shared.claimed.load(Ordering::SeqCst)
+    }
+
+    /// For the engine, after [`Driver::try_pump`] found the source taken:
+    /// the thread holding it wakes the engine task when it lets go.
+    /// `false` if it let go meanwhile (pump again).
+    pub fn await_handback(&self) -> bool {
+        self.shared.handback.store(true, Ordering::SeqCst);
+        let Some(src) = self.shared.source.0.get() else { return false };
+        match src.try_lock() {
+            // Free now: whoever held it may have missed the flag.
+            Ok(_) | Err(TryLockError::Poisoned(_)) => !self.shared.handback.swap(false, Ordering::SeqCst),
+            Err(TryLockError::WouldBlock) => true,
+        }
     }
 
     /// Whether an application thread is reading the source now: the

@@ -43,6 +43,19 @@ pub trait Wire: Send {
     /// fails the connection; the wire should then stop its reader too (shut
     /// the socket down, say).
     fn write(&mut self, frames: &mut [Frame], ctx: &WireCtx<'_>) -> Result<(), ConnError>;
+
+    /// Bytes taken by [`Wire::write`] that the device has not taken yet
+    /// (a socket that was full). A wire that keeps such a backlog calls
+    /// [`WireCtx::kick`], and the engine then waits for the device and
+    /// calls [`Wire::flush`]. A later `write` goes behind the backlog.
+    fn backlog(&self) -> bool {
+        false
+    }
+
+    /// Write what the backlog can now; an error fails the connection.
+    fn flush(&mut self, _ctx: &WireCtx<'_>) -> Result<(), ConnError> {
+        Ok(())
+    }
 }
 
 /// What a [`Wire`] may ask of its connection while it writes.
@@ -67,6 +80,30 @@ impl WireCtx<'_> {
     pub fn peer(&self) -> &zerocast_core::Endpoint {
         &self.shared.peer
     }
+
+    /// Ask the engine driving the connection to run its writer: the wire
+    /// has a backlog to flush.
+    pub fn kick(&self) {
+        self.shared.kick();
+    }
+}
+
+/// Where [`Driver::drive_writer`] left the write side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writing {
+    /// Nothing to write now. Run again when woken, or at `next` (the
+    /// heartbeat's next tick or silence check), with `tick` set.
+    Idle {
+        /// The heartbeat's next deadline, if heartbeats are on.
+        next: Option<Instant>,
+    },
+    /// The wire has a backlog: run again once the device takes more (or
+    /// at [`Driver::heartbeat_deadline`], with `tick` set).
+    Backlog,
+    /// The writer is done: the connection failed, or both goodbyes are out
+    /// and written. Shut the write side down and call
+    /// [`Driver::writer_done`].
+    Finished,
 }
 
 pub(crate) type WireLock = Mutex<Box<dyn Wire>>;
@@ -105,6 +142,75 @@ impl Driver {
                 return;
             }
         }
+    }
+}
+
+impl Driver {
+    /// Drive the writer from an engine: use `wire` from now on (sending
+    /// threads may too), and tell the engine task through `waker` when
+    /// there is work (call once, before the first [`Driver::drive_writer`]).
+    pub fn attach(&self, wire: Box<dyn Wire>, waker: crate::engine::Waker) {
+        let _ = self.shared.wire.0.set(std::sync::Mutex::new(wire));
+        let _ = self.shared.waker.0.set(waker);
+    }
+
+    /// The engine's writer step: flush the wire's backlog, then stamp and
+    /// write everything queued, without waiting. `tick`: the heartbeat
+    /// deadline [`Writing::Idle`] gave has come.
+    pub fn drive_writer(&self, batch: &mut Vec<Frame>, tick: bool) -> Writing {
+        let shared = &*self.shared;
+        // Cleared before looking, so work queued from here on wakes the
+        // task again.
+        shared.scheduled.store(false, std::sync::atomic::Ordering::SeqCst);
+        let Some(wire) = shared.wire.0.get() else { return Writing::Finished };
+        let ctx = WireCtx { shared };
+        let mut w = lock_wire(wire);
+        if let Err(e) = w.flush(&ctx) {
+            self.fail(e);
+            return Writing::Finished;
+        }
+        // A peer that reads nothing keeps the backlog from draining, and
+        // nothing new is stamped: its silence is judged here.
+        if tick && shared.check_heartbeat().is_err() {
+            return Writing::Finished;
+        }
+        let mut tick = tick;
+        loop {
+            if w.backlog() {
+                return Writing::Backlog;
+            }
+            let first = shared.tx.try_pop();
+            let stop = {
+                let st = shared.lock();
+                st.failed.is_some() || (st.goodbye_sent && st.peer_closed)
+            };
+            if first.is_none() && !tick {
+                if stop {
+                    return Writing::Finished;
+                }
+                return Writing::Idle { next: self.heartbeat_deadline() };
+            }
+            tick = false;
+            match self.fill(first, batch) {
+                Fill::Ready => {}
+                Fill::Empty => continue,
+                Fill::Stop => return Writing::Finished,
+            }
+            let res = w.write(batch, &ctx);
+            batch.clear();
+            if let Err(e) = res {
+                self.fail(e);
+                return Writing::Finished;
+            }
+        }
+    }
+
+    /// When the heartbeat next needs the writer: to send one, or to find
+    /// the peer silent (`None`: heartbeats are off).
+    pub fn heartbeat_deadline(&self) -> Option<Instant> {
+        let hb = self.shared.heartbeat?;
+        let st = self.shared.lock();
+        Some((st.last_tx + hb).min(st.last_rx + hb * zerocast_core::HEARTBEAT_MISSES))
     }
 }
 

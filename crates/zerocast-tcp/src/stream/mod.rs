@@ -1,23 +1,24 @@
 //! `tcp://`: reliable, ordered connections over TCP.
 
 mod handshake;
+mod listener;
 mod reader;
+mod task;
 mod writer;
 
+pub use listener::TcpListener;
+
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, Sender};
-
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-use zerocast_core::{
-    AcceptError, Caps, ConnectError, Endpoint, ErrorKind, LinkConfig, ListenerStats, Scheme,
-};
-use zerocast_link::{CloseSignal, Flavor, LinkSetup, ListenerCounters};
+use zerocast_core::{Caps, ConnectError, Endpoint, ErrorKind, Hello, LinkConfig, Scheme};
+use zerocast_link::engine::Engine;
+use zerocast_link::{Flavor, LinkSetup};
 use zerocast_mem::{Pool, PoolConfig};
+
+use task::ConnTask;
 
 /// The TCP flavor of [`zerocast_link::Connection`].
 #[derive(Debug)]
@@ -95,11 +96,17 @@ pub fn pool_config_for(link: &LinkConfig) -> PoolConfig {
     PoolConfig { classes, ..PoolConfig::default() }
 }
 
-/// The TCP transport: a pool and settings shared by its connections.
+/// The TCP transport: a pool, settings and an engine shared by its
+/// connections.
+///
+/// The engine is one thread that drives every connection, listener and
+/// handshake of the transport (see [`zerocast_link::engine`]): the number
+/// of threads does not grow with the number of connections.
 #[derive(Debug, Clone)]
 pub struct TcpTransport {
     pool: Pool,
     cfg: Arc<TcpConfig>,
+    engine: Engine,
 }
 
 impl TcpTransport {
@@ -114,7 +121,9 @@ impl TcpTransport {
             );
             return Err(ConnectError::Transport { kind: ErrorKind::LocalResource, source: msg.into() });
         }
-        Ok(Self { pool, cfg: Arc::new(cfg) })
+        let engine = Engine::start("zerocast-tcp")
+            .map_err(|e| ConnectError::Transport { kind: ErrorKind::LocalResource, source: e.into() })?;
+        Ok(Self { pool, cfg: Arc::new(cfg), engine })
     }
 
     /// A transport with its own unregistered pool sized for `cfg`.
@@ -140,13 +149,8 @@ impl TcpTransport {
         Ok(link)
     }
 
-    /// Set up a connected socket: handshake, then start its I/O threads.
-    fn establish(
-        &self,
-        sock: Socket,
-        peer: Endpoint,
-        link_cfg: LinkConfig,
-    ) -> Result<TcpConnection, ConnectError> {
+    /// Socket options of every connection.
+    fn configure(&self, sock: &Socket, peer: &Endpoint) -> Result<(), ConnectError> {
         let io_err = |e| ConnectError::Io { endpoint: peer.to_string(), source: e };
         sock.set_nodelay(true).map_err(io_err)?;
         // A peer whose host died is noticed even on an idle connection.
@@ -161,10 +165,42 @@ impl TcpTransport {
         if let Some(n) = self.cfg.recv_buffer {
             sock.set_recv_buffer_size(n).map_err(io_err)?;
         }
-        let buf_size = self.pool.class_for(link_cfg.max_payload as usize).unwrap_or(0);
-        let hello = zerocast_link::hello_for(&link_cfg, buf_size);
-        let peer_hello = handshake::exchange(&sock, &hello, self.cfg.handshake_timeout)
+        Ok(())
+    }
+
+    /// The hello this side sends.
+    fn hello(&self, link: &LinkConfig) -> Hello {
+        let buf_size = self.pool.class_for(link.max_payload as usize).unwrap_or(0);
+        zerocast_link::hello_for(link, buf_size)
+    }
+
+    /// A connected socket: the handshake on this thread, then the
+    /// connection on the engine.
+    fn establish(
+        &self,
+        sock: Socket,
+        peer: Endpoint,
+        link_cfg: LinkConfig,
+        deadline: Instant,
+    ) -> Result<TcpConnection, ConnectError> {
+        self.configure(&sock, &peer)?;
+        let peer_hello = handshake::exchange(&sock, &self.hello(&link_cfg), deadline)
             .map_err(|source| ConnectError::Handshake { endpoint: peer.to_string(), source })?;
+        sock.set_nonblocking(true).map_err(|e| ConnectError::Io { endpoint: peer.to_string(), source: e })?;
+        let (conn, task) = self.start(Arc::new(sock), peer, link_cfg, peer_hello)?;
+        self.engine.register(Box::new(task));
+        Ok(conn)
+    }
+
+    /// The connection of a handshaken, non-blocking socket, and the engine
+    /// task that drives it.
+    fn start(
+        &self,
+        sock: Arc<Socket>,
+        peer: Endpoint,
+        link_cfg: LinkConfig,
+        peer_hello: Hello,
+    ) -> Result<(TcpConnection, ConnTask), ConnectError> {
         let setup = LinkSetup {
             config: link_cfg,
             peer_hello,
@@ -174,16 +210,9 @@ impl TcpTransport {
         };
         let (link, driver, _) = zerocast_link::new(setup)
             .map_err(|source| ConnectError::Handshake { endpoint: peer.to_string(), source })?;
-        let sock = Arc::new(sock);
-        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
-            thread::Builder::new().name(format!("zerocast-tcp-{name}")).spawn(f).map_err(io_err)
-        };
-        let (d, s, frame_timeout) = (driver.clone(), sock.clone(), self.cfg.frame_timeout);
-        spawn("rx", Box::new(move || reader::run(s, &d, frame_timeout)))?;
-        let (d, s) = (driver, sock.clone());
-        spawn("tx", Box::new(move || writer::run(s, &d)))?;
+        let task = ConnTask::new(sock.clone(), driver, self.cfg.frame_timeout, peer_hello.window);
         tracing::debug!(%peer, window = link_cfg.recv_window, peer_window = peer_hello.window, "tcp connection up");
-        Ok(TcpConnection::new(link, ShutdownOnDrop(sock)))
+        Ok((TcpConnection::new(link, ShutdownOnDrop(sock)), task))
     }
 }
 
@@ -255,213 +284,13 @@ impl zerocast_core::Transport for TcpTransport {
                     continue;
                 }
             };
+            let deadline = Instant::now() + self.cfg.handshake_timeout;
             match sock.connect_timeout(&SockAddr::from(addr), self.cfg.handshake_timeout) {
-                Ok(()) => return self.establish(sock, ep.clone(), link),
+                Ok(()) => return self.establish(sock, ep.clone(), link, deadline),
                 Err(e) => last = Some(e),
             }
         }
         let source = last.unwrap_or_else(|| std::io::Error::other("no address to connect to"));
         Err(ConnectError::Io { endpoint: ep.to_string(), source })
-    }
-}
-
-/// Handshakes run at the same time; past this the acceptor does them itself.
-const MAX_PARALLEL_HANDSHAKES: usize = 64;
-
-/// Accepts `tcp://` connections.
-///
-/// An acceptor thread takes connections and runs each handshake on a thread
-/// of its own, so a slow or silent peer never delays the others; `accept`
-/// hands out connections in the order their handshakes finish. A failed
-/// handshake is counted and logged, never handed to `accept`.
-#[derive(Debug)]
-pub struct TcpListener {
-    sock: Arc<Socket>,
-    ready: Receiver<Result<TcpConnection, ConnectError>>,
-    shared: Arc<Shared>,
-    local: Endpoint,
-}
-
-/// What the listener and its acceptor share.
-#[derive(Debug, Default)]
-struct Shared {
-    close: CloseSignal,
-    counters: ListenerCounters,
-}
-
-impl TcpListener {
-    fn start(
-        sock: Socket,
-        transport: TcpTransport,
-        local: Endpoint,
-        link: LinkConfig,
-    ) -> Result<Self, ConnectError> {
-        let sock = Arc::new(sock);
-        let shared = Arc::new(Shared::default());
-        let (tx, ready) = bounded(128);
-        let acceptor = Acceptor {
-            sock: sock.clone(),
-            shared: shared.clone(),
-            transport,
-            link,
-            tx,
-            local: local.clone(),
-        };
-        let io_err = |e| ConnectError::Io { endpoint: local.to_string(), source: e };
-        thread::Builder::new()
-            .name("zerocast-tcp-accept".into())
-            .spawn(move || acceptor.run())
-            .map_err(io_err)?;
-        Ok(TcpListener { sock, ready, shared, local })
-    }
-
-    fn shut(&self) {
-        if self.shared.close.close() {
-            // Wakes the acceptor blocked in accept(2); connections in the
-            // listen queue are reset.
-            let _ = self.sock.shutdown(Shutdown::Both);
-        }
-    }
-}
-
-impl Drop for TcpListener {
-    fn drop(&mut self) {
-        self.shut();
-    }
-}
-
-struct Acceptor {
-    sock: Arc<Socket>,
-    shared: Arc<Shared>,
-    transport: TcpTransport,
-    link: LinkConfig,
-    /// Handshaken connections, or the error that ended the listener.
-    tx: Sender<Result<TcpConnection, ConnectError>>,
-    local: Endpoint,
-}
-
-/// What an error of accept(2) means for the listener.
-enum AcceptFailure {
-    /// A peer left before it was accepted: no concern of the listener's.
-    PeerGone,
-    /// The process or the system ran short of something: pause and retry.
-    Transient,
-    /// The listening socket is broken.
-    Fatal,
-}
-
-fn classify(e: &std::io::Error) -> AcceptFailure {
-    use rustix::io::Errno;
-    use std::io::ErrorKind;
-    // accept(2) on Linux passes a pending network error of the new
-    // connection on as its own: retry, as for EAGAIN (see its man page).
-    let peer = [
-        Errno::PROTO,
-        Errno::NOPROTOOPT,
-        Errno::NETDOWN,
-        Errno::NETUNREACH,
-        Errno::HOSTDOWN,
-        Errno::HOSTUNREACH,
-        Errno::OPNOTSUPP,
-        Errno::PERM,
-    ];
-    let errno = Errno::from_io_error(e);
-    if matches!(
-        e.kind(),
-        ErrorKind::Interrupted
-            | ErrorKind::WouldBlock
-            | ErrorKind::ConnectionAborted
-            | ErrorKind::ConnectionReset
-    ) || errno.is_some_and(|n| peer.contains(&n))
-    {
-        return AcceptFailure::PeerGone;
-    }
-    let short = [Errno::MFILE, Errno::NFILE, Errno::NOBUFS, Errno::NOMEM];
-    if errno.is_some_and(|n| short.contains(&n)) {
-        AcceptFailure::Transient
-    } else {
-        AcceptFailure::Fatal
-    }
-}
-
-impl Acceptor {
-    fn run(self) {
-        let in_flight = Arc::new(AtomicUsize::new(0));
-        loop {
-            let (sock, addr) = match self.sock.accept() {
-                Ok(a) => a,
-                Err(_) if self.shared.close.is_closed() => return,
-                Err(e) => match classify(&e) {
-                    AcceptFailure::PeerGone => {
-                        if !matches!(
-                            e.kind(),
-                            std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
-                        ) {
-                            self.shared.counters.handshake_failed(&"a peer gone before accept", &e);
-                        }
-                        continue;
-                    }
-                    AcceptFailure::Transient => {
-                        self.shared.counters.accept_error(&e);
-                        // Out of descriptors and the like: do not spin.
-                        thread::sleep(Duration::from_millis(50));
-                        continue;
-                    }
-                    AcceptFailure::Fatal => {
-                        let err = ConnectError::Io { endpoint: self.local.to_string(), source: e };
-                        let _ = self.tx.send(Err(err));
-                        return;
-                    }
-                },
-            };
-            let peer = addr
-                .as_socket()
-                .and_then(|a| Endpoint::parse(&format!("tcp://{a}")).ok())
-                .unwrap_or_else(|| Endpoint::parse("tcp://unknown:0").expect("valid"));
-            let (transport, link, tx, shared) =
-                (self.transport.clone(), self.link, self.tx.clone(), self.shared.clone());
-            let handshake = move || match transport.establish(sock, peer.clone(), link) {
-                Ok(conn) => {
-                    let _ = tx.send(Ok(conn));
-                }
-                Err(e) => shared.counters.handshake_failed(&peer, &e),
-            };
-            if in_flight.fetch_add(1, Ordering::SeqCst) < MAX_PARALLEL_HANDSHAKES {
-                let count = in_flight.clone();
-                let spawned = thread::Builder::new().name("zerocast-tcp-hello".into()).spawn(move || {
-                    handshake();
-                    count.fetch_sub(1, Ordering::SeqCst);
-                });
-                if spawned.is_err() {
-                    in_flight.fetch_sub(1, Ordering::SeqCst);
-                    tracing::warn!("cannot spawn a handshake thread; dropping one connection");
-                }
-            } else {
-                in_flight.fetch_sub(1, Ordering::SeqCst);
-                handshake();
-            }
-        }
-    }
-}
-
-impl zerocast_core::Listener for TcpListener {
-    type Conn = TcpConnection;
-
-    fn accept_until(&self, deadline: Option<Instant>) -> Result<TcpConnection, AcceptError> {
-        let conn = self.shared.close.wait(&self.ready, deadline)?.map_err(AcceptError::Failed)?;
-        self.shared.counters.accepted();
-        Ok(conn)
-    }
-
-    fn close(&self) {
-        self.shut();
-    }
-
-    fn stats(&self) -> ListenerStats {
-        self.shared.counters.stats()
-    }
-
-    fn local_endpoint(&self) -> &Endpoint {
-        &self.local
     }
 }

@@ -1,4 +1,4 @@
-//! The reader thread: decode frames from the socket into pool buffers.
+//! The socket's read half: decode frames from the socket into pool buffers.
 //!
 //! Small frames are read many at a time into a staging buffer and their
 //! payloads copied into pool buffers. The rest of a large payload is read
@@ -17,7 +17,7 @@ use rustix::io::Errno;
 use rustix::net::{recv, recvmsg, RecvAncillaryBuffer, RecvFlags};
 use socket2::Socket;
 use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
-use zerocast_link::{Driver, Pumped, Source, StepAside};
+use zerocast_link::{Driver, Pumped, Source};
 use zerocast_mem::{Buf, PoolError, Wait};
 
 /// Staging for headers and small frames.
@@ -46,14 +46,14 @@ const SPIN: Duration = Duration::from_micros(20);
 /// How long a frame's payload may wait for a pool buffer before the
 /// connection fails.
 const POOL_PATIENCE: Duration = Duration::from_secs(30);
-/// How often the reader thread tries the pool again while a payload waits
+/// How often the engine tries the pool again while a payload waits
 /// for a buffer.
 const POOL_RETRY: Duration = Duration::from_millis(10);
 
-/// When the reader thread must pump again though the socket has nothing
-/// new: a stalled frame's deadline, or the next try for a pool buffer.
+/// When the engine must pump again though the socket has nothing new: a
+/// stalled frame's deadline, or the next try for a pool buffer.
 /// Nanoseconds since [`epoch`]; 0 for never. Set by the [`Reader`] (on
-/// whichever thread pumps it), read by [`run`].
+/// whichever thread pumps it), read by the connection's engine task.
 #[derive(Debug, Default)]
 pub(super) struct Attention(AtomicU64);
 
@@ -68,7 +68,7 @@ impl Attention {
         self.0.store(nanos, Ordering::Relaxed);
     }
 
-    fn get(&self) -> Option<Instant> {
+    pub(super) fn get(&self) -> Option<Instant> {
         match self.0.load(Ordering::Relaxed) {
             0 => None,
             n => Some(epoch() + Duration::from_nanos(n)),
@@ -76,37 +76,6 @@ impl Attention {
     }
 }
 
-/// The reader thread: reads whenever no application thread does.
-pub(super) fn run(sock: Arc<Socket>, driver: &Driver, frame_timeout: Duration) {
-    driver.pool().prepare_thread();
-    let attention = Arc::new(Attention::default());
-    driver.install_source(Box::new(Reader::new(sock.clone(), frame_timeout, attention.clone())));
-    let mut aside = StepAside::new();
-    loop {
-        if aside.nap_if_app_reads(driver) {
-            continue;
-        }
-        // Wait for data without holding the source, so an application
-        // thread can take over the reading at any time. No timeout while
-        // no frame is part-way: an idle connection costs no wake-ups.
-        // Whatever ends the connection makes the socket readable: the
-        // peer's goodbye or end of stream, or the shutdown every local
-        // failure and close does (see `writer::run` and `ShutdownOnDrop`).
-        // A frame in progress (or waiting for a pool buffer) asks for
-        // attention by a time: its stall deadline, or the pool's next try.
-        let due = attention.get();
-        let wait = due.map(|t| t.saturating_duration_since(Instant::now()));
-        if (!readable(&sock, wait) && due.is_none()) || driver.app_reading() {
-            continue;
-        }
-        let until = due.map(|_| Instant::now() + POOL_RETRY);
-        match driver.try_pump(until) {
-            Some(Pumped::Done) => return,
-            Some(_) => {}
-            None => aside.nap(),
-        }
-    }
-}
 /// Whether `sock` has something to read (data, end of stream or an error)
 /// within `wait` (`None`: however long that takes).
 fn readable(sock: &Socket, wait: Option<Duration>) -> bool {
@@ -217,7 +186,7 @@ impl Source for Reader {
 }
 
 impl Reader {
-    fn new(sock: Arc<Socket>, frame_timeout: Duration, attention: Arc<Attention>) -> Self {
+    pub(super) fn new(sock: Arc<Socket>, frame_timeout: Duration, attention: Arc<Attention>) -> Self {
         Self {
             sock,
             staging: vec![0u8; STAGING],
@@ -267,7 +236,7 @@ impl Reader {
     }
 
     /// Nothing more now. A frame left part-way is timed: past its deadline
-    /// the connection fails; before it, the reader thread is told when to
+    /// the connection fails; before it, the engine is told when to
     /// look again.
     fn idle(&mut self, driver: &Driver) -> Pumped {
         self.note_stall();
@@ -280,7 +249,7 @@ impl Reader {
         self.idle_after(Pumped::Idle)
     }
 
-    /// Return `pumped`, telling the reader thread when to pump again if a
+    /// Return `pumped`, telling the engine when to pump again if a
     /// frame is part-way.
     fn idle_after(&mut self, pumped: Pumped) -> Pumped {
         let due = if self.starved() {

@@ -1,137 +1,172 @@
-//! The socket's write half: one `writev` per batch of frames, from the
-//! writer thread or from a sending thread (see [`zerocast_link::Wire`]).
+//! The socket's write half: frames go out with `writev`, from the engine or
+//! from a sending thread (see [`zerocast_link::Wire`]), and never wait.
 //!
 //! Headers and small payloads are copied into one contiguous staging buffer
 //! (a kernel copy of one long slice is far cheaper than of many short ones);
 //! payloads above [`COPY_MAX`] go out from their pool buffer, zero-copy.
+//! What the socket does not take at once stays here, in order, as the
+//! backlog: the rest of the staging buffer and the payloads not yet sent.
+//! The engine flushes it when the socket is writable again, and frames
+//! written meanwhile queue behind it. Credits bound it: every data frame in
+//! it holds one of the peer's credits.
 
-use std::io::{ErrorKind, IoSlice, Write};
+use std::collections::VecDeque;
+use std::io::IoSlice;
 use std::net::Shutdown;
 use std::sync::Arc;
 
+use rustix::io::Errno;
+use rustix::net::{sendmsg, SendAncillaryBuffer, SendFlags};
 use socket2::Socket;
-use zerocast_core::{ConnError, HEADER_LEN};
-use zerocast_link::{Driver, Frame, Wire, WireCtx};
+use zerocast_core::ConnError;
+use zerocast_link::{Frame, Wire, WireCtx};
+use zerocast_mem::Buf;
 
 /// Payloads up to this size are copied into the staging buffer.
 const COPY_MAX: usize = 2048;
-/// Most bytes staged for one `writev`: a batch of small frames goes out in
-/// as few calls as this allows, whatever their number.
-const STAGE_MAX: usize = 128 * 1024;
-/// Most slices of one `writev` (staged runs and large payloads); far below
-/// the kernel's `IOV_MAX` of 1024.
-const PIECES: usize = 129;
+/// Staging reserved up front: a batch of small frames fits without growing.
+const STAGE: usize = 128 * 1024;
+/// Most slices of one `writev`; far below the kernel's `IOV_MAX` of 1024.
+const PIECES: usize = 64;
 
-/// A piece of one `writev`: a range of staging, or a frame's own payload.
-#[derive(Clone, Copy)]
+/// Part of the backlog, in wire order.
 enum Piece {
-    Staged(usize, usize),
-    Payload(usize),
+    /// The next this many bytes of staging.
+    Staged(usize),
+    /// A frame's own payload.
+    Payload(Buf),
 }
 
-pub(super) fn run(sock: Arc<Socket>, driver: &Driver) {
-    driver.pool().prepare_thread();
-    // With heartbeats, a write the peer does not drain returns four times
-    // per interval to run the heartbeat check.
-    if let Err(e) = sock.set_write_timeout(driver.heartbeat().map(|hb| hb / 4)) {
-        driver.fail(e.into());
-    }
-    let wire = TcpWire {
-        sock: sock.clone(),
-        // Sized once for the fullest call, so it never grows while running.
-        staging: Vec::with_capacity(STAGE_MAX),
-    };
-    driver.run_writer(Box::new(wire));
-    if driver.error().is_some() {
-        // Failed here (a heartbeat timeout) or in the reader: wake the
-        // reader too, which may be waiting on a silent peer.
-        let _ = sock.shutdown(Shutdown::Both);
-    } else {
-        let _ = sock.shutdown(Shutdown::Write);
-    }
-    driver.writer_done();
-}
-
-/// The socket's write half, used by the writer thread and by sending threads.
-struct TcpWire {
+/// The socket's write half, used by the engine and by sending threads.
+pub(super) struct TcpWire {
     sock: Arc<Socket>,
+    /// Headers and small payloads; bytes before `sent` are written.
     staging: Vec<u8>,
+    sent: usize,
+    pieces: VecDeque<Piece>,
+    /// Bytes of the front payload piece already written.
+    payload_sent: usize,
+}
+
+impl TcpWire {
+    /// `window`: the peer's credit window, which bounds the frames waiting.
+    pub(super) fn new(sock: Arc<Socket>, window: usize) -> Self {
+        Self {
+            sock,
+            staging: Vec::with_capacity(STAGE),
+            sent: 0,
+            // Data frames, and credit or control frames between them.
+            pieces: VecDeque::with_capacity(2 * window + 8),
+            payload_sent: 0,
+        }
+    }
+
+    fn stage(&mut self, bytes: &[u8]) {
+        self.staging.extend_from_slice(bytes);
+        match self.pieces.back_mut() {
+            Some(Piece::Staged(n)) => *n += bytes.len(),
+            _ => self.pieces.push_back(Piece::Staged(bytes.len())),
+        }
+    }
+
+    /// Write from the front of the backlog until it is empty or the socket
+    /// is full.
+    fn write_out(&mut self) -> Result<(), ConnError> {
+        while !self.pieces.is_empty() {
+            let mut iov = [IoSlice::new(&[]); PIECES];
+            let mut n = 0;
+            let mut at = self.sent;
+            for piece in self.pieces.iter().take(PIECES) {
+                iov[n] = match piece {
+                    Piece::Staged(len) => {
+                        at += len;
+                        IoSlice::new(&self.staging[at - len..at])
+                    }
+                    Piece::Payload(buf) if n == 0 => IoSlice::new(&buf[self.payload_sent..]),
+                    Piece::Payload(buf) => IoSlice::new(buf),
+                };
+                n += 1;
+            }
+            let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+            match sendmsg(&*self.sock, &iov[..n], &mut SendAncillaryBuffer::default(), flags) {
+                Ok(k) => self.advance(k),
+                Err(Errno::INTR) => {}
+                Err(Errno::AGAIN) => return Ok(()),
+                Err(e) => return Err(std::io::Error::from(e).into()),
+            }
+        }
+        self.staging.clear();
+        self.sent = 0;
+        Ok(())
+    }
+
+    /// `k` bytes from the front of the backlog were written.
+    fn advance(&mut self, mut k: usize) {
+        while k > 0 {
+            let Some(front) = self.pieces.front_mut() else { return };
+            match front {
+                Piece::Staged(len) if k < *len => {
+                    *len -= k;
+                    self.sent += k;
+                    return;
+                }
+                Piece::Staged(len) => {
+                    k -= *len;
+                    self.sent += *len;
+                }
+                Piece::Payload(buf) if k < buf.len() - self.payload_sent => {
+                    self.payload_sent += k;
+                    return;
+                }
+                Piece::Payload(buf) => {
+                    k -= buf.len() - self.payload_sent;
+                    self.payload_sent = 0;
+                }
+            }
+            // Written whole: a payload goes back to the pool here.
+            self.pieces.pop_front();
+        }
+    }
+
+    fn failed(&self, ctx: &WireCtx<'_>, e: ConnError) -> ConnError {
+        tracing::debug!(peer = %ctx.peer(), error = %e, "tcp write failed");
+        let _ = self.sock.shutdown(Shutdown::Both);
+        e
+    }
 }
 
 impl Wire for TcpWire {
     fn write(&mut self, frames: &mut [Frame], ctx: &WireCtx<'_>) -> Result<(), ConnError> {
-        let mut rest = &frames[..];
-        while !rest.is_empty() {
-            match write_chunk(&self.sock, ctx, rest, &mut self.staging) {
-                Ok(taken) => rest = &rest[taken..],
-                Err(e) => {
-                    tracing::debug!(peer = %ctx.peer(), error = %e, "tcp write failed");
-                    let _ = self.sock.shutdown(Shutdown::Both);
-                    return Err(e);
-                }
+        if self.sent > 0 && self.sent >= self.staging.len() / 2 {
+            // Written bytes at the front of a long backlog: move the rest
+            // down rather than let staging grow.
+            self.staging.drain(..self.sent);
+            self.sent = 0;
+        }
+        let was_empty = self.pieces.is_empty();
+        for f in frames.iter_mut() {
+            self.stage(&f.header.encode());
+            match f.payload.take() {
+                Some(p) if p.len() > COPY_MAX => self.pieces.push_back(Piece::Payload(p)),
+                Some(p) => self.stage(&p),
+                None => {}
             }
+        }
+        if let Err(e) = self.write_out() {
+            return Err(self.failed(ctx, e));
+        }
+        if was_empty && !self.pieces.is_empty() {
+            // The socket is full: the engine flushes the rest.
+            ctx.kick();
         }
         Ok(())
     }
-}
 
-/// Write the longest run of `frames` from the front that fits one `writev`
-/// (at least one frame); how many frames that was.
-fn write_chunk(
-    sock: &Socket,
-    ctx: &WireCtx<'_>,
-    frames: &[Frame],
-    staging: &mut Vec<u8>,
-) -> Result<usize, ConnError> {
-    let mut pieces = [Piece::Staged(0, 0); PIECES];
-    let mut n = 0;
-    staging.clear();
-    let mut run_start = 0;
-    let mut taken = 0;
-    for (i, f) in frames.iter().enumerate() {
-        let len = f.payload.as_ref().map_or(0, |p| p.len());
-        let staged = HEADER_LEN + if len > COPY_MAX { 0 } else { len };
-        // A frame may close a run and add its payload (two slices), and
-        // the last run needs one more.
-        if i > 0 && (staging.len() + staged > STAGE_MAX || n + 3 > PIECES) {
-            break;
-        }
-        taken = i + 1;
-        staging.extend_from_slice(&f.header.encode());
-        match &f.payload {
-            Some(p) if p.len() > COPY_MAX => {
-                pieces[n] = Piece::Staged(run_start, staging.len());
-                pieces[n + 1] = Piece::Payload(i);
-                n += 2;
-                run_start = staging.len();
-            }
-            Some(p) => staging.extend_from_slice(p),
-            None => {}
-        }
+    fn backlog(&self) -> bool {
+        !self.pieces.is_empty()
     }
-    if run_start < staging.len() {
-        pieces[n] = Piece::Staged(run_start, staging.len());
-        n += 1;
+
+    fn flush(&mut self, ctx: &WireCtx<'_>) -> Result<(), ConnError> {
+        self.write_out().map_err(|e| self.failed(ctx, e))
     }
-    let mut iov = [IoSlice::new(&[]); PIECES];
-    for (slot, piece) in iov.iter_mut().zip(&pieces[..n]) {
-        *slot = match *piece {
-            Piece::Staged(a, b) => IoSlice::new(&staging[a..b]),
-            Piece::Payload(i) => IoSlice::new(frames[i].payload.as_deref().unwrap_or(&[])),
-        };
-    }
-    let mut slices = &mut iov[..n];
-    let mut w = sock;
-    while !slices.is_empty() {
-        match w.write_vectored(slices) {
-            Ok(0) => return Err(std::io::Error::from(ErrorKind::WriteZero).into()),
-            Ok(k) => IoSlice::advance_slices(&mut slices, k),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                ctx.check_heartbeat()?;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(taken)
 }

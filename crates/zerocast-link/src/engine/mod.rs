@@ -1,0 +1,274 @@
+//! The progress engine: one thread that drives many connections.
+//!
+//! An [`Engine`] owns an epoll instance, an eventfd to be woken through,
+//! and a timer heap. Work is given to it as [`Task`]s: a connection's read
+//! and write paths, a listener, a handshake in progress. A task has at most
+//! one file descriptor, which the engine watches with the interest the task
+//! asks for; it runs on the engine's thread whenever its descriptor is
+//! ready, its timer is due, or another thread wakes it through its
+//! [`Waker`]. A task never blocks: it does what can be done now and says
+//! what to wait for next.
+//!
+//! So the number of threads does not depend on the number of connections:
+//! a transport runs one engine, and every connection, listener and
+//! handshake of it is a task there. A stalled peer costs one small task and
+//! a descriptor, never a thread, and never delays another task.
+//!
+//! Application threads still send and receive on their own threads when
+//! they can (see [`crate::Wire`] and [`crate::Source`]); the engine is what
+//! moves a connection forward when no application thread does.
+
+mod run;
+mod timers;
+
+use std::fmt;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rustix::event::{eventfd, EventfdFlags};
+
+/// Work the engine drives. Runs only on the engine's thread, never blocks.
+pub trait Task: Send {
+    /// The descriptor the engine watches for this task, if any. It must
+    /// stay the same for the task's life.
+    fn fd(&self) -> Option<BorrowedFd<'_>>;
+
+    /// Make progress: the descriptor is ready, the timer is due, or the
+    /// task was woken (see [`Cx`] for which). Say what to wait for next
+    /// through `cx` ([`Cx::set_interest`], [`Cx::set_timer`]).
+    fn run(&mut self, cx: &mut Cx<'_>) -> Step;
+}
+
+/// What a task wants after a run.
+pub enum Step {
+    /// Keep it; wait for what it asked for.
+    Continue,
+    /// It is over: stop watching its descriptor and drop it.
+    Done,
+    /// Swap it for another task on the same descriptor (a handshake that
+    /// became a connection, say). The new one runs at once.
+    Replace(Box<dyn Task>),
+}
+
+impl fmt::Debug for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Step::Continue => "Continue",
+            Step::Done => "Done",
+            Step::Replace(_) => "Replace",
+        })
+    }
+}
+
+/// Which readiness a task waits for on its descriptor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Interest {
+    /// Readable (or end of stream, or an error).
+    pub read: bool,
+    /// Writable.
+    pub write: bool,
+}
+
+/// Why a task runs, and where it says what it waits for next.
+pub struct Cx<'a> {
+    pub(crate) ready: Interest,
+    pub(crate) hangup: bool,
+    pub(crate) woken: bool,
+    pub(crate) timer_due: bool,
+    pub(crate) interest: Interest,
+    pub(crate) timer: Option<Instant>,
+    pub(crate) now: Instant,
+    pub(crate) waker: &'a Waker,
+    pub(crate) spawned: &'a mut Vec<Box<dyn Task>>,
+}
+
+impl fmt::Debug for Cx<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cx")
+            .field("ready", &self.ready)
+            .field("hangup", &self.hangup)
+            .field("woken", &self.woken)
+            .field("timer_due", &self.timer_due)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cx<'_> {
+    /// The descriptor is readable (or hung up, or in error).
+    pub fn readable(&self) -> bool {
+        self.ready.read || self.hangup
+    }
+
+    /// The descriptor is writable (or hung up, or in error).
+    pub fn writable(&self) -> bool {
+        self.ready.write || self.hangup
+    }
+
+    /// The task was woken through its [`Waker`].
+    pub fn woken(&self) -> bool {
+        self.woken
+    }
+
+    /// The task's timer is due.
+    pub fn timer_due(&self) -> bool {
+        self.timer_due
+    }
+
+    /// When this run started (one clock read per engine turn).
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// The interest the task is registered with now.
+    pub fn interest(&self) -> Interest {
+        self.interest
+    }
+
+    /// Wait for this readiness next (level-triggered: a descriptor that
+    /// stays ready runs the task again).
+    pub fn set_interest(&mut self, interest: Interest) {
+        self.interest = interest;
+    }
+
+    /// Run the task at `at` (`None`: no timer). Replaces any earlier timer.
+    pub fn set_timer(&mut self, at: Option<Instant>) {
+        self.timer = at;
+    }
+
+    /// The handle other threads wake this task through.
+    pub fn waker(&self) -> Waker {
+        self.waker.clone()
+    }
+
+    /// Start another task on this engine (a handshake, say); it runs once
+    /// this one returns.
+    pub fn spawn(&mut self, task: Box<dyn Task>) {
+        self.spawned.push(task);
+    }
+}
+
+/// Wakes one task of an engine from any thread. Cheap to clone; waking a
+/// task that is gone does nothing.
+#[derive(Clone)]
+pub struct Waker {
+    inner: Arc<Inner>,
+    token: u64,
+}
+
+impl fmt::Debug for Waker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Waker").field("engine", &self.inner.name).field("token", &self.token).finish()
+    }
+}
+
+impl Waker {
+    /// Run the task soon on its engine's thread. Wake-ups before it runs
+    /// are merged into one run.
+    pub fn wake(&self) {
+        let mut woken = self.inner.lock_woken();
+        woken.tokens.push(self.token);
+        self.inner.signal(&mut woken);
+    }
+}
+
+/// A handle to an engine and its thread. Clones share the engine; its
+/// thread ends once the last handle is gone and its last task is done.
+#[derive(Clone)]
+pub struct Engine {
+    handle: Arc<Handle>,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine").field("name", &self.handle.0.name).finish()
+    }
+}
+
+/// The last handle's drop tells the thread it may end.
+struct Handle(Arc<Inner>);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.0.closing.store(true, Ordering::SeqCst);
+        let mut woken = self.0.lock_woken();
+        self.0.signal(&mut woken);
+    }
+}
+
+impl Engine {
+    /// Start an engine on a thread of its own, named `name`.
+    pub fn start(name: &str) -> io::Result<Engine> {
+        let inner = Arc::new(Inner::new(name)?);
+        let running = inner.clone();
+        std::thread::Builder::new().name(name.to_owned()).spawn(move || run::run(running))?;
+        Ok(Engine { handle: Arc::new(Handle(inner)) })
+    }
+
+    /// Hand `task` to the engine. It runs once soon (so it can say what it
+    /// waits for) and then as it asks.
+    pub fn register(&self, task: Box<dyn Task>) {
+        let inner = &self.handle.0;
+        inner.incoming.lock().unwrap_or_else(|p| p.into_inner()).push(task);
+        let mut woken = inner.lock_woken();
+        inner.signal(&mut woken);
+    }
+
+    /// The engine's name (its thread's).
+    pub fn name(&self) -> &str {
+        &self.handle.0.name
+    }
+}
+
+/// Wake-ups from other threads, taken by the engine a batch at a time.
+#[derive(Default)]
+struct Woken {
+    tokens: Vec<u64>,
+    /// The eventfd was written and the engine has not yet taken the batch.
+    signalled: bool,
+}
+
+/// What the engine's thread and its handles share.
+struct Inner {
+    name: String,
+    epoll: OwnedFd,
+    eventfd: OwnedFd,
+    woken: Mutex<Woken>,
+    incoming: Mutex<Vec<Box<dyn Task>>>,
+    /// No handle is left: end once no task is.
+    closing: AtomicBool,
+}
+
+impl Inner {
+    fn new(name: &str) -> io::Result<Inner> {
+        use rustix::event::epoll;
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        let eventfd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        epoll::add(&epoll, &eventfd, epoll::EventData::new_u64(run::WAKE), epoll::EventFlags::IN)?;
+        Ok(Inner {
+            name: name.to_owned(),
+            epoll,
+            eventfd,
+            woken: Mutex::new(Woken::default()),
+            incoming: Mutex::new(Vec::new()),
+            closing: AtomicBool::new(false),
+        })
+    }
+
+    fn lock_woken(&self) -> std::sync::MutexGuard<'_, Woken> {
+        self.woken.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Make the engine's thread look at its wake-ups, unless it was told
+    /// already and has not looked yet: one eventfd write per batch.
+    fn signal(&self, woken: &mut Woken) {
+        if !woken.signalled {
+            woken.signalled = true;
+            // The counter cannot overflow: the engine reads it to zero
+            // before `signalled` goes down again.
+            let _ = rustix::io::write(self.eventfd.as_fd(), &1u64.to_ne_bytes());
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! The engine's thread: wait on epoll, run what is ready, then what was
+//! woken, then what is due.
+
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rustix::event::epoll::{self, Event, EventData, EventFlags};
+use rustix::event::Timespec;
+use rustix::io::Errno;
+use slab::Slab;
+
+use super::timers::{Entry, Timers};
+use super::{Cx, Inner, Interest, Step, Task, Waker};
+
+/// The epoll token of the engine's own eventfd.
+pub(super) const WAKE: u64 = u64::MAX;
+
+/// Readiness reported per `epoll_wait`, at most.
+const EVENTS: usize = 256;
+
+/// One task and what the engine knows of it.
+struct Slot {
+    task: Box<dyn Task>,
+    token: u64,
+    /// The interest its descriptor is registered with (none: not in epoll).
+    registered: Interest,
+    timer: Option<Instant>,
+    /// The last turn it ran because it was woken: a task woken many times
+    /// in one turn runs once.
+    woken_turn: u64,
+    waker: Waker,
+}
+
+/// Why a task runs this time.
+#[derive(Clone, Copy, Default)]
+struct Why {
+    ready: Interest,
+    hangup: bool,
+    woken: bool,
+    timer_due: bool,
+}
+
+struct Runner {
+    inner: Arc<Inner>,
+    slots: Slab<Slot>,
+    timers: Timers,
+    /// Generation of the next task, so a token of a task that is gone never
+    /// reaches the one that took its slot.
+    generation: u32,
+    turn: u64,
+    spawned: Vec<Box<dyn Task>>,
+    /// Swapped with the shared wake-up list every turn, so neither grows
+    /// again once warm.
+    tokens: Vec<u64>,
+}
+
+pub(super) fn run(inner: Arc<Inner>) {
+    let mut r = Runner {
+        inner,
+        slots: Slab::new(),
+        timers: Timers::default(),
+        generation: 0,
+        turn: 0,
+        spawned: Vec::new(),
+        tokens: Vec::new(),
+    };
+    let empty = Event { flags: EventFlags::empty(), data: EventData::new_u64(0) };
+    let mut events = [empty; EVENTS];
+    loop {
+        if r.inner.closing.load(std::sync::atomic::Ordering::SeqCst) && r.slots.is_empty() && r.no_incoming()
+        {
+            return;
+        }
+        let timeout = r.timers.next().map(|at| {
+            let d = at.saturating_duration_since(Instant::now());
+            Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) }
+        });
+        let n = match epoll::wait(&r.inner.epoll, &mut events, timeout.as_ref()) {
+            Ok(n) => n,
+            Err(Errno::INTR) => continue,
+            Err(e) => {
+                tracing::error!(engine = %r.inner.name, error = %e, "epoll_wait failed; the engine stops");
+                return;
+            }
+        };
+        r.turn += 1;
+        let now = Instant::now();
+        let mut woke = false;
+        for ev in &events[..n] {
+            let token = ev.data.u64();
+            if token == WAKE {
+                woke = true;
+                continue;
+            }
+            let flags = ev.flags;
+            let why = Why {
+                ready: Interest {
+                    read: flags.contains(EventFlags::IN),
+                    write: flags.contains(EventFlags::OUT),
+                },
+                hangup: flags.intersects(EventFlags::HUP | EventFlags::ERR),
+                ..Why::default()
+            };
+            r.dispatch(token, why, now);
+        }
+        if woke {
+            r.take_wakeups(now);
+        }
+        while let Some(token) = r.timers.pop_due(now, |token, at| timer_check(&mut r.slots, token, at)) {
+            r.dispatch(token, Why { timer_due: true, ..Why::default() }, now);
+        }
+    }
+}
+
+fn slot_mut(slots: &mut Slab<Slot>, token: u64) -> Option<&mut Slot> {
+    let key = (token & 0xffff_ffff) as usize;
+    slots.get_mut(key).filter(|s| s.token == token)
+}
+
+/// Whether the heap entry (`token`, `at`) is the task's timer now.
+fn timer_check(slots: &mut Slab<Slot>, token: u64, at: Instant) -> Entry {
+    let Some(slot) = slot_mut(slots, token) else { return Entry::Stale };
+    match slot.timer {
+        Some(t) if t <= at => {
+            slot.timer = None;
+            Entry::Due
+        }
+        Some(t) => Entry::Moved(t),
+        None => Entry::Stale,
+    }
+}
+
+impl Runner {
+    fn no_incoming(&self) -> bool {
+        self.inner.incoming.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+
+    /// Read the eventfd, start new tasks, and run every woken one.
+    fn take_wakeups(&mut self, now: Instant) {
+        let mut counter = [0u8; 8];
+        let _ = rustix::io::read(self.inner.eventfd.as_fd(), &mut counter);
+        {
+            let mut woken = self.inner.lock_woken();
+            woken.signalled = false;
+            std::mem::swap(&mut woken.tokens, &mut self.tokens);
+        }
+        let incoming = std::mem::take(&mut *self.inner.incoming.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in incoming {
+            self.insert(task, now);
+        }
+        let mut tokens = std::mem::take(&mut self.tokens);
+        for &token in &tokens {
+            let turn = self.turn;
+            let Some(slot) = self.slot_mut(token) else { continue };
+            if slot.woken_turn == turn {
+                continue;
+            }
+            slot.woken_turn = turn;
+            self.dispatch(token, Why { woken: true, ..Why::default() }, now);
+        }
+        tokens.clear();
+        self.tokens = tokens;
+    }
+
+    fn slot_mut(&mut self, token: u64) -> Option<&mut Slot> {
+        slot_mut(&mut self.slots, token)
+    }
+
+    /// Add a task and run it once.
+    fn insert(&mut self, task: Box<dyn Task>, now: Instant) {
+        self.generation = self.generation.wrapping_add(1);
+        let entry = self.slots.vacant_entry();
+        let token = (u64::from(self.generation) << 32) | entry.key() as u64;
+        let waker = Waker { inner: self.inner.clone(), token };
+        entry.insert(Slot {
+            task,
+            token,
+            registered: Interest::default(),
+            timer: None,
+            woken_turn: 0,
+            waker,
+        });
+        self.dispatch(token, Why { woken: true, ..Why::default() }, now);
+    }
+
+    /// Run the task of `token`, then apply what it asked for.
+    fn dispatch(&mut self, token: u64, why: Why, now: Instant) {
+        let mut why = why;
+        loop {
+            let Some(slot) = slot_mut(&mut self.slots, token) else { return };
+            let Slot { task, registered, timer, waker, .. } = slot;
+            let mut cx = Cx {
+                ready: why.ready,
+                hangup: why.hangup,
+                woken: why.woken,
+                timer_due: why.timer_due,
+                interest: *registered,
+                timer: *timer,
+                now,
+                waker,
+                spawned: &mut self.spawned,
+            };
+            let step = task.run(&mut cx);
+            let (interest, new_timer) = (cx.interest, cx.timer);
+            match step {
+                Step::Continue => {
+                    self.apply(token, interest, new_timer);
+                    break;
+                }
+                Step::Done => {
+                    self.apply(token, Interest::default(), None);
+                    self.slots.remove((token & 0xffff_ffff) as usize);
+                    break;
+                }
+                Step::Replace(next) => {
+                    self.apply(token, Interest::default(), None);
+                    if let Some(slot) = self.slot_mut(token) {
+                        slot.task = next;
+                    }
+                    why = Why { woken: true, ..Why::default() };
+                }
+            }
+        }
+        for task in std::mem::take(&mut self.spawned) {
+            self.insert(task, now);
+        }
+    }
+
+    /// Register the task's descriptor with `interest`, and its timer.
+    fn apply(&mut self, token: u64, interest: Interest, timer: Option<Instant>) {
+        let epoll = &self.inner.epoll;
+        let Some(slot) = slot_mut(&mut self.slots, token) else { return };
+        if slot.timer != timer {
+            let earlier = matches!((timer, slot.timer), (Some(t), Some(old)) if t < old);
+            if let Some(t) = timer.filter(|_| slot.timer.is_none() || earlier) {
+                self.timers.push(t, token);
+            }
+            slot.timer = timer;
+        }
+        if interest == slot.registered {
+            return;
+        }
+        let Some(fd) = slot.task.fd() else { return };
+        let mut flags = EventFlags::RDHUP;
+        if interest.read {
+            flags |= EventFlags::IN;
+        }
+        if interest.write {
+            flags |= EventFlags::OUT;
+        }
+        let data = EventData::new_u64(token);
+        let none = Interest::default();
+        let res = if slot.registered == none {
+            epoll::add(epoll, fd, data, flags)
+        } else if interest == none {
+            epoll::delete(epoll, fd)
+        } else {
+            epoll::modify(epoll, fd, data, flags)
+        };
+        match res {
+            Ok(()) => slot.registered = interest,
+            Err(e) => tracing::warn!(engine = %self.inner.name, error = %e, "epoll_ctl failed"),
+        }
+    }
+}

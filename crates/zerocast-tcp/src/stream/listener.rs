@@ -1,0 +1,332 @@
+//! The `tcp://` listener: accepting and every handshake are engine tasks.
+//!
+//! The listening socket is a task that accepts whatever is pending, and
+//! each accepted socket a task that exchanges hellos without waiting, by a
+//! deadline on the whole handshake. A peer that stalls holds one small task
+//! and a descriptor until its deadline; it never holds a thread and never
+//! delays another peer. A handshaken socket becomes its connection's task
+//! in place, and the connection goes to `accept`.
+
+use std::net::{Shutdown, SocketAddr};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use rustix::io::Errno;
+use rustix::net::{recv, send, RecvFlags, SendFlags};
+use socket2::Socket;
+use zerocast_core::{AcceptError, ConnError, ConnectError, Endpoint, LinkConfig, ListenerStats};
+use zerocast_link::engine::{Cx, Interest, Step, Task};
+use zerocast_link::{CloseSignal, ListenerCounters};
+
+use super::handshake::HelloExchange;
+use super::{TcpConnection, TcpTransport};
+
+/// Handshaken connections `accept` has not taken yet, at most: past this
+/// the listener stops accepting (the kernel's listen queue holds the rest)
+/// until `accept` catches up.
+const BACKLOG: usize = 1024;
+/// Sockets accepted per run, so other tasks get their turn.
+const ACCEPT_BURST: usize = 64;
+/// How long accepting pauses when the process is short of descriptors or
+/// memory, or `accept` is behind.
+const PAUSE: Duration = Duration::from_millis(10);
+
+/// Accepts `tcp://` connections.
+///
+/// Accepting and handshakes run on the transport's engine, so a slow or
+/// silent peer never delays the others; `accept` hands out connections in
+/// the order their handshakes finish. A failed handshake is counted and
+/// logged, never handed to `accept`.
+#[derive(Debug)]
+pub struct TcpListener {
+    sock: Arc<Socket>,
+    ready: Receiver<Result<TcpConnection, ConnectError>>,
+    shared: Arc<Shared>,
+    local: Endpoint,
+}
+
+/// What the listener and its tasks share.
+#[derive(Debug)]
+struct Shared {
+    close: CloseSignal,
+    counters: ListenerCounters,
+    transport: TcpTransport,
+    link: LinkConfig,
+    local: Endpoint,
+    /// Handshaken connections, or the error that ended the listener.
+    tx: Sender<Result<TcpConnection, ConnectError>>,
+}
+
+impl TcpListener {
+    pub(super) fn start(
+        sock: Socket,
+        transport: TcpTransport,
+        local: Endpoint,
+        link: LinkConfig,
+    ) -> Result<Self, ConnectError> {
+        sock.set_nonblocking(true)
+            .map_err(|e| ConnectError::Io { endpoint: local.to_string(), source: e })?;
+        let sock = Arc::new(sock);
+        let (tx, ready) = unbounded();
+        let engine = transport.engine.clone();
+        let shared = Arc::new(Shared {
+            close: CloseSignal::default(),
+            counters: ListenerCounters::default(),
+            transport,
+            link,
+            local: local.clone(),
+            tx,
+        });
+        let task = AcceptTask { sock: sock.clone(), shared: shared.clone(), paused: false };
+        engine.register(Box::new(task));
+        Ok(TcpListener { sock, ready, shared, local })
+    }
+
+    fn shut(&self) {
+        if self.shared.close.close() {
+            // Makes the listening socket readable, so its task runs, sees
+            // the close and ends; connections in the listen queue are reset.
+            let _ = self.sock.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for TcpListener {
+    fn drop(&mut self) {
+        self.shut();
+    }
+}
+
+impl zerocast_core::Listener for TcpListener {
+    type Conn = TcpConnection;
+
+    fn accept_until(&self, deadline: Option<Instant>) -> Result<TcpConnection, AcceptError> {
+        let conn = self.shared.close.wait(&self.ready, deadline)?.map_err(AcceptError::Failed)?;
+        self.shared.counters.accepted();
+        Ok(conn)
+    }
+
+    fn close(&self) {
+        self.shut();
+    }
+
+    fn stats(&self) -> ListenerStats {
+        self.shared.counters.stats()
+    }
+
+    fn local_endpoint(&self) -> &Endpoint {
+        &self.local
+    }
+}
+
+/// The listening socket's task.
+struct AcceptTask {
+    sock: Arc<Socket>,
+    shared: Arc<Shared>,
+    /// Accepting waits for the pause's timer.
+    paused: bool,
+}
+
+/// What an error of accept(2) means for the listener.
+enum AcceptFailure {
+    /// A peer left before it was accepted: no concern of the listener's.
+    PeerGone,
+    /// The process or the system ran short of something: pause and retry.
+    Transient,
+    /// The listening socket is broken.
+    Fatal,
+}
+
+fn classify(e: &std::io::Error) -> AcceptFailure {
+    use std::io::ErrorKind;
+    // accept(2) on Linux passes a pending network error of the new
+    // connection on as its own: retry, as for EAGAIN (see its man page).
+    let peer = [
+        Errno::PROTO,
+        Errno::NOPROTOOPT,
+        Errno::NETDOWN,
+        Errno::NETUNREACH,
+        Errno::HOSTDOWN,
+        Errno::HOSTUNREACH,
+        Errno::OPNOTSUPP,
+        Errno::PERM,
+    ];
+    let errno = Errno::from_io_error(e);
+    if matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset)
+        || errno.is_some_and(|n| peer.contains(&n))
+    {
+        return AcceptFailure::PeerGone;
+    }
+    let short = [Errno::MFILE, Errno::NFILE, Errno::NOBUFS, Errno::NOMEM];
+    if errno.is_some_and(|n| short.contains(&n)) {
+        AcceptFailure::Transient
+    } else {
+        AcceptFailure::Fatal
+    }
+}
+
+impl AcceptTask {
+    /// Accept what is pending; `false` when the listener is over.
+    fn accept_burst(&mut self, cx: &mut Cx<'_>) -> bool {
+        let shared = &self.shared;
+        for _ in 0..ACCEPT_BURST {
+            if shared.tx.len() >= BACKLOG {
+                self.pause(cx);
+                return true;
+            }
+            let (sock, addr) = match self.sock.accept() {
+                Ok(a) => a,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+                Err(_) if shared.close.is_closed() => return false,
+                Err(e) => match classify(&e) {
+                    AcceptFailure::PeerGone => {
+                        if e.kind() != std::io::ErrorKind::Interrupted {
+                            shared.counters.handshake_failed(&"a peer gone before accept", &e);
+                        }
+                        continue;
+                    }
+                    AcceptFailure::Transient => {
+                        shared.counters.accept_error(&e);
+                        self.pause(cx);
+                        return true;
+                    }
+                    AcceptFailure::Fatal => {
+                        let err = ConnectError::Io { endpoint: shared.local.to_string(), source: e };
+                        let _ = shared.tx.send(Err(err));
+                        return false;
+                    }
+                },
+            };
+            let peer = peer_endpoint(addr.as_socket());
+            match HelloTask::new(sock, peer.clone(), shared.clone(), cx.now()) {
+                Ok(task) => cx.spawn(Box::new(task)),
+                Err(e) => shared.counters.handshake_failed(&peer, &e),
+            }
+        }
+        true
+    }
+
+    fn pause(&mut self, cx: &mut Cx<'_>) {
+        self.paused = true;
+        cx.set_timer(Some(cx.now() + PAUSE));
+    }
+}
+
+impl Task for AcceptTask {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.sock.as_fd())
+    }
+
+    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
+        if self.shared.close.is_closed() {
+            return Step::Done;
+        }
+        if self.paused && !cx.timer_due() {
+            return Step::Continue;
+        }
+        self.paused = false;
+        cx.set_timer(None);
+        if !self.accept_burst(cx) {
+            return Step::Done;
+        }
+        cx.set_interest(Interest { read: !self.paused, write: false });
+        Step::Continue
+    }
+}
+
+fn peer_endpoint(addr: Option<SocketAddr>) -> Endpoint {
+    addr.and_then(|a| Endpoint::parse(&format!("tcp://{a}")).ok())
+        .unwrap_or_else(|| Endpoint::parse("tcp://unknown:0").expect("valid"))
+}
+
+/// An accepted socket exchanging hellos, by a deadline on the whole
+/// exchange.
+struct HelloTask {
+    sock: Arc<Socket>,
+    hs: HelloExchange,
+    peer: Endpoint,
+    shared: Arc<Shared>,
+    deadline: Instant,
+    link: LinkConfig,
+}
+
+impl HelloTask {
+    fn new(sock: Socket, peer: Endpoint, shared: Arc<Shared>, now: Instant) -> Result<Self, ConnectError> {
+        let transport = &shared.transport;
+        let link = shared.link;
+        transport.configure(&sock, &peer)?;
+        sock.set_nonblocking(true).map_err(|e| ConnectError::Io { endpoint: peer.to_string(), source: e })?;
+        let hello = transport.hello(&link);
+        let deadline = now + transport.config().handshake_timeout;
+        Ok(Self { sock: Arc::new(sock), hs: HelloExchange::new(&hello), peer, shared, deadline, link })
+    }
+
+    /// Move the exchange on; `Some` once the peer's hello is in.
+    fn advance(&mut self) -> Result<Option<zerocast_core::Hello>, ConnError> {
+        while !self.hs.to_send().is_empty() {
+            match send(&*self.sock, self.hs.to_send(), SendFlags::DONTWAIT | SendFlags::NOSIGNAL) {
+                Ok(n) => self.hs.sent(n),
+                Err(Errno::INTR) => {}
+                Err(Errno::AGAIN) => break,
+                Err(e) => return Err(std::io::Error::from(e).into()),
+            }
+        }
+        loop {
+            if self.hs.recv_buf().is_empty() {
+                return self.hs.result();
+            }
+            match recv(&*self.sock, self.hs.recv_buf(), RecvFlags::DONTWAIT) {
+                Ok((n, _)) => {
+                    if let Some(hello) = self.hs.received(n)? {
+                        return Ok(Some(hello));
+                    }
+                }
+                Err(Errno::INTR) => {}
+                Err(Errno::AGAIN) => return Ok(None),
+                Err(e) => return Err(std::io::Error::from(e).into()),
+            }
+        }
+    }
+}
+
+impl Task for HelloTask {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.sock.as_fd())
+    }
+
+    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
+        let failed = |task: &Self, e: ConnectError| {
+            task.shared.counters.handshake_failed(&task.peer, &e);
+            Step::Done
+        };
+        let handshake =
+            |peer: &Endpoint, source| ConnectError::Handshake { endpoint: peer.to_string(), source };
+        let hello = match self.advance() {
+            Ok(Some(hello)) => hello,
+            Ok(None) if cx.now() >= self.deadline => {
+                let e = ConnError::TimedOut("the peer did not complete the handshake");
+                return failed(self, handshake(&self.peer, e));
+            }
+            Ok(None) => {
+                let write = !self.hs.to_send().is_empty();
+                cx.set_interest(Interest { read: true, write });
+                cx.set_timer(Some(self.deadline));
+                return Step::Continue;
+            }
+            Err(e) => return failed(self, handshake(&self.peer, e)),
+        };
+        let transport = &self.shared.transport;
+        match transport.start(self.sock.clone(), self.peer.clone(), self.link, hello) {
+            Ok((conn, task)) => {
+                if self.shared.tx.send(Ok(conn)).is_err() {
+                    // The listener is gone: the connection closes.
+                    return Step::Done;
+                }
+                Step::Replace(Box::new(task))
+            }
+            Err(e) => failed(self, e),
+        }
+    }
+}

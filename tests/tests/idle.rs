@@ -8,9 +8,8 @@ use zerocast_tests::{idle, Transport};
 
 #[test]
 fn idle_connections_do_not_wake() {
-    // The engine thread that drives both sides of `tcp://`; a pump thread
-    // per direction of `mem://`.
-    for (uri, at_least) in [("tcp://127.0.0.1:0", 1), ("mem://idle-{n}", 2)] {
+    // The engine thread that drives both sides, on each transport.
+    for (uri, at_least) in [("tcp://127.0.0.1:0", 1), ("mem://idle-{n}", 1)] {
         let t = Transport::new(uri, 64);
         let n = idle::an_idle_connection_sleeps(&t, Duration::from_millis(300), Duration::from_secs(2), 3);
         assert!(n >= at_least, "{uri}: {n} threads watched");

@@ -6,6 +6,9 @@
 //! sender to the receiver. It serves same-process pipelines and tests that
 //! want real flow control without sockets.
 //!
+//! Connections run on the transport's engine (one thread for all of them),
+//! and a sending thread on a quiet link hands its frame over itself.
+//!
 //! It does **not** cross process boundaries, and names live in one
 //! process-wide registry: listening on a name that is taken fails. A name
 //! that ends in `:0` asks for a fresh one, as port 0 does on the network:
@@ -17,14 +20,19 @@
 #![warn(missing_docs)]
 
 use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread;
 use std::time::Instant;
 
 use crossbeam_channel::{bounded, Receiver, Sender};
-use zerocast_core::{AcceptError, Caps, ConnectError, Endpoint, LinkConfig, ListenerStats, Scheme};
-use zerocast_link::{CloseSignal, Driver, Flavor, LinkSetup, ListenerCounters};
+use zerocast_core::{
+    AcceptError, Caps, ConnError, ConnectError, Endpoint, ErrorKind, LinkConfig, ListenerStats, Scheme,
+};
+use zerocast_link::engine::{Cx, Engine, Step, Task};
+use zerocast_link::{
+    CloseSignal, Driver, Flavor, Frame, LinkSetup, ListenerCounters, Wire, WireCtx, Writing,
+};
 use zerocast_mem::Pool;
 
 /// The in-process flavor of [`zerocast_link::Connection`].
@@ -82,17 +90,24 @@ fn registry() -> &'static Registry {
 }
 
 /// The in-process transport.
+///
+/// A sending thread hands its frame to the receiving side itself when the
+/// link is quiet; otherwise the transport's engine thread moves queued
+/// frames, for every connection of the transport.
 #[derive(Debug, Clone)]
 pub struct MemTransport {
     pool: Pool,
     link: LinkConfig,
+    engine: Engine,
 }
 
 impl MemTransport {
     /// A transport whose messages live in `pool`.
     pub fn new(pool: Pool, link: LinkConfig) -> Result<Self, ConnectError> {
         link.validate().map_err(ConnectError::transport)?;
-        Ok(Self { pool, link })
+        let engine = Engine::start("zerocast-mem")
+            .map_err(|e| ConnectError::Transport { kind: ErrorKind::LocalResource, source: e.into() })?;
+        Ok(Self { pool, link, engine })
     }
 
     /// The pool.
@@ -165,9 +180,8 @@ impl zerocast_core::Transport for MemTransport {
             shared.counters.handshake_failed(&peer_of_server, &e);
             handshake(e)
         })?;
-        let io = |e| ConnectError::Io { endpoint: ep.to_string(), source: e };
-        pump(c_driver.clone(), s_driver.clone(), "c2s").map_err(io)?;
-        pump(s_driver, c_driver, "s2c").map_err(io)?;
+        self.engine.register(Box::new(Pump::new(c_driver.clone(), s_driver.clone())));
+        self.engine.register(Box::new(Pump::new(s_driver, c_driver)));
         if shared.close.is_closed() {
             return Err(ConnectError::Refused(ep.to_string()));
         }
@@ -178,23 +192,61 @@ impl zerocast_core::Transport for MemTransport {
     }
 }
 
-/// Move frames from one side's writer queue to the other side's reader.
-fn pump(from: Driver, to: Driver, dir: &str) -> std::io::Result<()> {
-    thread::Builder::new().name(format!("zerocast-mem-{dir}")).spawn(move || {
-        let mut batch = Vec::with_capacity(64);
-        while from.next_batch(&mut batch) {
-            for f in batch.drain(..) {
-                if let Err(e) = to.on_frame(f.header, f.payload) {
-                    // Both sides see the failure; nothing more moves.
-                    from.fail(e);
-                    return;
-                }
+/// One direction of a connection on the engine: frames queued on `from`
+/// are handed to `to`.
+struct Pump {
+    from: Driver,
+    to: Driver,
+    batch: Vec<Frame>,
+    attached: bool,
+}
+
+impl Pump {
+    fn new(from: Driver, to: Driver) -> Self {
+        Self { from, to, batch: Vec::with_capacity(64), attached: false }
+    }
+}
+
+impl Task for Pump {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
+    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
+        if !self.attached {
+            self.from.attach(Box::new(Handover(self.to.clone())), cx.waker());
+            self.attached = true;
+        }
+        let tick = cx.timer_due();
+        match self.from.drive_writer(&mut self.batch, tick) {
+            Writing::Idle { next } => {
+                cx.set_timer(next);
+                Step::Continue
+            }
+            // A handover never leaves a backlog.
+            Writing::Backlog => Step::Continue,
+            Writing::Finished => {
+                self.from.writer_done();
+                self.to.on_end();
+                Step::Done
             }
         }
-        from.writer_done();
-        to.on_end();
-    })?;
-    Ok(())
+    }
+}
+
+/// The write path of one direction: each frame goes straight to the other
+/// side's reader, from the engine or from the sending thread.
+struct Handover(Driver);
+
+impl Wire for Handover {
+    fn write(&mut self, frames: &mut [Frame], _ctx: &WireCtx<'_>) -> Result<(), ConnError> {
+        for f in frames {
+            // An error fails both sides: the receiver here, the sender
+            // when this returns.
+            self.0.on_frame(f.header, f.payload.take())?;
+        }
+        Ok(())
+    }
 }
 
 /// Accepts `mem://` connections.

@@ -125,9 +125,12 @@ pub fn open_and_echo(zc: &Zerocast, test_name: &str, n: usize, accepted: impl Fn
         let _close = CloseOnPanic(&listener);
         let times = loop {
             let Some(Ok(line)) = clients.stdout.next() else {
-                // The server thread's failure, if it had one, is the cause.
+                // Whichever side failed first is the cause: the server
+                // thread if it has ended, else the client process (whose
+                // error is on stderr, above).
+                let server_first = server.is_finished();
                 listener.close();
-                if let Err(panic) = server.join() {
+                if let (true, Err(panic)) = (server_first, server.join()) {
                     std::panic::resume_unwind(panic);
                 }
                 let status = clients.child.wait().expect("waiting for the client process");
@@ -183,7 +186,9 @@ pub fn client_role(mut opened: impl FnMut(usize)) -> bool {
     let start = Instant::now();
     let mut conns = Vec::with_capacity(n);
     for i in 0..n {
-        conns.push(zc.connect(at).unwrap_or_else(|e| panic!("client: connection {i} of {n} (to {at}): {e}")));
+        conns.push(
+            zc.connect(at).unwrap_or_else(|e| panic!("client: connection {i} of {n} (to {at}): {e:?}")),
+        );
         opened(i + 1);
     }
     let open_time = start.elapsed();

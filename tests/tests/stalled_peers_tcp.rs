@@ -77,6 +77,18 @@ fn serve(listener: &Listener) -> usize {
     }
 }
 
+/// Closes the listener if the test panics, so the server thread's accept
+/// ends and the failure is reported instead of a hang.
+struct CloseOnPanic<'a>(&'a Listener);
+
+impl Drop for CloseOnPanic<'_> {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            self.0.close();
+        }
+    }
+}
+
 /// Good client `id`: connect, send request `id`, wait for its echo.
 /// Returns the time from the start of the connect to the reply.
 fn good_client(zc: &Zerocast, at: &str, id: u64) -> Result<Duration, String> {
@@ -155,6 +167,7 @@ fn stalled_and_junk_peers_do_not_delay_good_clients() {
 
     thread::scope(|s| {
         let server = s.spawn(|| serve(&listener));
+        let _close = CloseOnPanic(&listener);
         // The stalled peers: the first byte of a frame header, then silence.
         let stalled: Vec<TcpStream> = (0..STALLED)
             .map(|i| {

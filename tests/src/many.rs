@@ -21,6 +21,46 @@ use crate::{checksum, process};
 /// The size of each message: its index, length and checksum, and a body.
 pub const MSG_LEN: usize = 64;
 
+/// The `tcp://` transport's I/O threads in a process: the default
+/// transport runs one engine thread that drives every connection and every
+/// listener handshake.
+pub const ENGINES: usize = 1;
+
+/// Threads beside the engines: libtest's main thread, the test's thread,
+/// the server thread, and one to spare.
+pub const OTHERS: usize = 4;
+
+/// The thread bound is checked each time this many more connections are
+/// open, not only at the end.
+const CHECK_EVERY: usize = 1_000;
+
+/// Fails if this process runs more than `ENGINES + OTHERS` threads with
+/// `open` connections open; returns how many it runs. `side` names the
+/// process in the message.
+pub fn check_threads(side: &str, open: usize) -> usize {
+    let threads = process::Proc::me().threads();
+    assert!(
+        threads <= ENGINES + OTHERS,
+        "{side}: {threads} threads with {open} connections open: more than {ENGINES} engine(s) + {OTHERS}"
+    );
+    threads
+}
+
+/// A callback for [`open_and_echo`] and [`client_role`] that checks the
+/// thread bound after every `CHECK_EVERY` connections: a thread per
+/// connection fails early and plainly, rather than when the process runs
+/// out of threads.
+pub fn check_threads_every(side: &'static str) -> impl FnMut(usize) + Send {
+    let mut since = 0;
+    move |open| {
+        since += 1;
+        if since == CHECK_EVERY {
+            check_threads(side, open);
+            since = 0;
+        }
+    }
+}
+
 /// Descriptors beyond one per connection: the listener, the engine's, the
 /// standard streams, `/proc` reads.
 const SPARE_FDS: u64 = 1_000;

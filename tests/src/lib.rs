@@ -13,6 +13,8 @@ pub mod datagram_suite;
 pub mod direct_io;
 pub mod failure;
 pub mod idle;
+pub mod many;
+pub mod process;
 pub mod suite;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -29,7 +29,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use zerocast_core::{
     AcceptError, Caps, ConnError, ConnectError, Endpoint, ErrorKind, LinkConfig, ListenerStats, Scheme,
 };
-use zerocast_link::engine::{Cx, Engine, Step, Task};
+use zerocast_link::engine::{Cx, Engines, Step, Task};
 use zerocast_link::{
     CloseSignal, Driver, Flavor, Frame, LinkSetup, ListenerCounters, Wire, WireCtx, Writing,
 };
@@ -98,16 +98,22 @@ fn registry() -> &'static Registry {
 pub struct MemTransport {
     pool: Pool,
     link: LinkConfig,
-    engine: Engine,
+    engines: Engines,
 }
 
 impl MemTransport {
-    /// A transport whose messages live in `pool`.
+    /// A transport whose messages live in `pool`, on an engine of its own.
     pub fn new(pool: Pool, link: LinkConfig) -> Result<Self, ConnectError> {
-        link.validate().map_err(ConnectError::transport)?;
-        let engine = Engine::start("zerocast-mem")
+        let engines = Engines::start("zerocast-mem", 1)
             .map_err(|e| ConnectError::Transport { kind: ErrorKind::LocalResource, source: e.into() })?;
-        Ok(Self { pool, link, engine })
+        Self::with_engines(pool, link, engines)
+    }
+
+    /// A transport whose messages live in `pool`, on `engines` (which
+    /// other transports may share).
+    pub fn with_engines(pool: Pool, link: LinkConfig, engines: Engines) -> Result<Self, ConnectError> {
+        link.validate().map_err(ConnectError::transport)?;
+        Ok(Self { pool, link, engines })
     }
 
     /// The pool.
@@ -180,8 +186,9 @@ impl zerocast_core::Transport for MemTransport {
             shared.counters.handshake_failed(&peer_of_server, &e);
             handshake(e)
         })?;
-        self.engine.register(Box::new(Pump::new(c_driver.clone(), s_driver.clone())));
-        self.engine.register(Box::new(Pump::new(s_driver, c_driver)));
+        let engine = self.engines.pick();
+        engine.register(Box::new(Pump::new(c_driver.clone(), s_driver.clone())));
+        engine.register(Box::new(Pump::new(s_driver, c_driver)));
         if shared.close.is_closed() {
             return Err(ConnectError::Refused(ep.to_string()));
         }

@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use zerocast_core::{ConnectError, Endpoint, LinkConfig, Scheme, TransportList};
+use zerocast_core::{ConnectError, Endpoint, ErrorKind, LinkConfig, Scheme, TransportList};
 use zerocast_mem::{Pool, PoolConfig};
 
 use crate::conn::{Connection, Flavor, Listener, ListenerFlavor};
@@ -43,6 +43,11 @@ pub struct Config {
     ///
     /// [`Connection::with_typed_check`]: crate::Connection::with_typed_check
     pub typed_check: bool,
+    /// Engine threads that drive the `tcp://` and `mem://` connections and
+    /// listeners of this context (each connection runs on one, given out in
+    /// turn). Default: 1. The number of threads does not grow with the
+    /// number of connections.
+    pub engines: usize,
 }
 
 impl Default for Config {
@@ -60,11 +65,18 @@ impl Default for Config {
             #[cfg(feature = "rdma")]
             ud: zerocast_rdma::ud::UdConfig::default(),
             typed_check: cfg!(debug_assertions),
+            engines: 1,
         }
     }
 }
 
 impl Config {
+    /// Set the number of engine threads (at least one; see [`Config::engines`]).
+    pub fn with_engines(mut self, n: usize) -> Self {
+        self.engines = n.max(1);
+        self
+    }
+
     /// Set the link settings.
     pub fn with_link(mut self, link: LinkConfig) -> Self {
         self.link = link;
@@ -125,6 +137,9 @@ pub struct Zerocast {
 struct Inner {
     cfg: Config,
     pool: Retry<Pool>,
+    /// The engines of the TCP and in-process transports (started on first use).
+    #[cfg(any(feature = "tcp", feature = "mem"))]
+    engines: Retry<zerocast_link::engine::Engines>,
     /// The RC transport, with its own registered pool (created on first use).
     #[cfg(feature = "rdma")]
     rc: Retry<zerocast_rdma::RcTransport>,
@@ -184,6 +199,8 @@ impl Zerocast {
             inner: Arc::new(Inner {
                 cfg,
                 pool: Retry::new(),
+                #[cfg(any(feature = "tcp", feature = "mem"))]
+                engines: Retry::new(),
                 #[cfg(feature = "rdma")]
                 rc: Retry::new(),
                 #[cfg(feature = "rdma")]
@@ -275,7 +292,20 @@ impl Zerocast {
     #[cfg(feature = "tcp")]
     fn tcp(&self, ep: &Endpoint) -> Result<zerocast_tcp::TcpTransport, ConnectError> {
         let cfg = self.inner.cfg.tcp.clone().with_link(self.inner.cfg.link);
-        zerocast_tcp::TcpTransport::new(self.pool_for(self.max_payload_of(ep)?)?, cfg)
+        zerocast_tcp::TcpTransport::with_engines(
+            self.pool_for(self.max_payload_of(ep)?)?,
+            cfg,
+            self.engines()?,
+        )
+    }
+
+    /// The engines connections run on.
+    #[cfg(any(feature = "tcp", feature = "mem"))]
+    fn engines(&self) -> Result<zerocast_link::engine::Engines, ConnectError> {
+        self.inner.engines.get_or_try(|| {
+            zerocast_link::engine::Engines::start("zerocast-engine", self.inner.cfg.engines)
+                .map_err(|e| ConnectError::Transport { kind: ErrorKind::LocalResource, source: e.into() })
+        })
     }
 
     /// The largest message `ep` allows: its `?max_payload=`, or the
@@ -349,7 +379,8 @@ impl Zerocast {
 
     #[cfg(feature = "mem")]
     fn mem(&self, ep: &Endpoint) -> Result<zerocast_inproc::MemTransport, ConnectError> {
-        zerocast_inproc::MemTransport::new(self.pool_for(self.max_payload_of(ep)?)?, self.inner.cfg.link)
+        let pool = self.pool_for(self.max_payload_of(ep)?)?;
+        zerocast_inproc::MemTransport::with_engines(pool, self.inner.cfg.link, self.engines()?)
     }
 }
 

@@ -222,6 +222,39 @@ impl Engine {
     }
 }
 
+/// A fixed set of engines that share out the work: each new connection or
+/// listener goes to the next, in turn. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Engines {
+    all: Arc<[Engine]>,
+    next: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Engines {
+    /// Start `n` engines (at least one), their threads named `name-0`, ….
+    pub fn start(name: &str, n: usize) -> io::Result<Engines> {
+        let all =
+            (0..n.max(1)).map(|i| Engine::start(&format!("{name}-{i}"))).collect::<io::Result<Vec<_>>>()?;
+        Ok(Engines { all: all.into(), next: Arc::default() })
+    }
+
+    /// The engine the next piece of work goes to.
+    pub fn pick(&self) -> &Engine {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.all.len();
+        &self.all[i]
+    }
+
+    /// How many engines there are (threads they run).
+    pub fn len(&self) -> usize {
+        self.all.len()
+    }
+
+    /// Never: there is at least one engine.
+    pub fn is_empty(&self) -> bool {
+        self.all.is_empty()
+    }
+}
+
 /// Wake-ups from other threads, taken by the engine a batch at a time.
 #[derive(Default)]
 struct Woken {

@@ -70,7 +70,7 @@ impl TcpListener {
             .map_err(|e| ConnectError::Io { endpoint: local.to_string(), source: e })?;
         let sock = Arc::new(sock);
         let (tx, ready) = unbounded();
-        let engine = transport.engine.clone();
+        let engine = transport.engines.pick().clone();
         let shared = Arc::new(Shared {
             close: CloseSignal::default(),
             counters: ListenerCounters::default(),
@@ -176,34 +176,34 @@ impl AcceptTask {
                 self.pause(cx);
                 return true;
             }
-            let (sock, addr) = match self.sock.accept() {
-                Ok(a) => a,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
-                Err(_) if shared.close.is_closed() => return false,
-                Err(e) => match classify(&e) {
-                    AcceptFailure::PeerGone => {
-                        if e.kind() != std::io::ErrorKind::Interrupted {
-                            shared.counters.handshake_failed(&"a peer gone before accept", &e);
+            // Non-blocking from the start, in one call: a flood of junk
+            // connections costs as few system calls as can be.
+            let flags = rustix::net::SocketFlags::NONBLOCK | rustix::net::SocketFlags::CLOEXEC;
+            let (sock, addr) =
+                match rustix::net::acceptfrom_with(&*self.sock, flags).map_err(std::io::Error::from) {
+                    Ok((fd, addr)) => (Socket::from(fd), addr.and_then(|a| SocketAddr::try_from(a).ok())),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+                    Err(_) if shared.close.is_closed() => return false,
+                    Err(e) => match classify(&e) {
+                        AcceptFailure::PeerGone => {
+                            if e.kind() != std::io::ErrorKind::Interrupted {
+                                shared.counters.handshake_failed(&"a peer gone before accept", &e);
+                            }
+                            continue;
                         }
-                        continue;
-                    }
-                    AcceptFailure::Transient => {
-                        shared.counters.accept_error(&e);
-                        self.pause(cx);
-                        return true;
-                    }
-                    AcceptFailure::Fatal => {
-                        let err = ConnectError::Io { endpoint: shared.local.to_string(), source: e };
-                        let _ = shared.tx.send(Err(err));
-                        return false;
-                    }
-                },
-            };
-            let peer = peer_endpoint(addr.as_socket());
-            match HelloTask::new(sock, peer.clone(), shared.clone(), cx.now()) {
-                Ok(task) => cx.spawn(Box::new(task)),
-                Err(e) => shared.counters.handshake_failed(&peer, &e),
-            }
+                        AcceptFailure::Transient => {
+                            shared.counters.accept_error(&e);
+                            self.pause(cx);
+                            return true;
+                        }
+                        AcceptFailure::Fatal => {
+                            let err = ConnectError::Io { endpoint: shared.local.to_string(), source: e };
+                            let _ = shared.tx.send(Err(err));
+                            return false;
+                        }
+                    },
+                };
+            cx.spawn(Box::new(HelloTask::new(sock, addr, shared.clone(), cx.now())));
         }
         true
     }
@@ -246,25 +246,39 @@ fn peer_endpoint(addr: Option<SocketAddr>) -> Endpoint {
 struct HelloTask {
     sock: Arc<Socket>,
     hs: HelloExchange,
-    peer: Endpoint,
+    /// The peer's address; its endpoint is made once the handshake succeeds.
+    addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     deadline: Instant,
     link: LinkConfig,
 }
 
 impl HelloTask {
-    fn new(sock: Socket, peer: Endpoint, shared: Arc<Shared>, now: Instant) -> Result<Self, ConnectError> {
+    fn new(sock: Socket, addr: Option<SocketAddr>, shared: Arc<Shared>, now: Instant) -> Self {
         let transport = &shared.transport;
         let link = shared.link;
-        transport.configure(&sock, &peer)?;
-        sock.set_nonblocking(true).map_err(|e| ConnectError::Io { endpoint: peer.to_string(), source: e })?;
+        // Socket options wait for a peer that completes the handshake.
         let hello = transport.hello(&link);
         let deadline = now + transport.config().handshake_timeout;
-        Ok(Self { sock: Arc::new(sock), hs: HelloExchange::new(&hello), peer, shared, deadline, link })
+        Self { sock: Arc::new(sock), hs: HelloExchange::new(&hello), addr, shared, deadline, link }
     }
 
-    /// Move the exchange on; `Some` once the peer's hello is in.
+    /// Move the exchange on; `Some` once the peer's hello is in. What the
+    /// peer sent is read first, so junk fails before anything is sent.
     fn advance(&mut self) -> Result<Option<zerocast_core::Hello>, ConnError> {
+        loop {
+            if self.hs.recv_buf().is_empty() {
+                break;
+            }
+            match recv(&*self.sock, self.hs.recv_buf(), RecvFlags::DONTWAIT) {
+                Ok((n, _)) => {
+                    self.hs.received(n)?;
+                }
+                Err(Errno::INTR) => {}
+                Err(Errno::AGAIN) => break,
+                Err(e) => return Err(std::io::Error::from(e).into()),
+            }
+        }
         while !self.hs.to_send().is_empty() {
             match send(&*self.sock, self.hs.to_send(), SendFlags::DONTWAIT | SendFlags::NOSIGNAL) {
                 Ok(n) => self.hs.sent(n),
@@ -273,21 +287,7 @@ impl HelloTask {
                 Err(e) => return Err(std::io::Error::from(e).into()),
             }
         }
-        loop {
-            if self.hs.recv_buf().is_empty() {
-                return self.hs.result();
-            }
-            match recv(&*self.sock, self.hs.recv_buf(), RecvFlags::DONTWAIT) {
-                Ok((n, _)) => {
-                    if let Some(hello) = self.hs.received(n)? {
-                        return Ok(Some(hello));
-                    }
-                }
-                Err(Errno::INTR) => {}
-                Err(Errno::AGAIN) => return Ok(None),
-                Err(e) => return Err(std::io::Error::from(e).into()),
-            }
-        }
+        self.hs.result()
     }
 }
 
@@ -297,17 +297,14 @@ impl Task for HelloTask {
     }
 
     fn run(&mut self, cx: &mut Cx<'_>) -> Step {
-        let failed = |task: &Self, e: ConnectError| {
-            task.shared.counters.handshake_failed(&task.peer, &e);
+        let failed = |task: &Self, e: &(dyn std::error::Error + 'static)| {
+            task.shared.counters.handshake_failed(&Peer(task.addr), e);
             Step::Done
         };
-        let handshake =
-            |peer: &Endpoint, source| ConnectError::Handshake { endpoint: peer.to_string(), source };
         let hello = match self.advance() {
             Ok(Some(hello)) => hello,
             Ok(None) if cx.now() >= self.deadline => {
-                let e = ConnError::TimedOut("the peer did not complete the handshake");
-                return failed(self, handshake(&self.peer, e));
+                return failed(self, &ConnError::TimedOut("the peer did not complete the handshake"));
             }
             Ok(None) => {
                 let write = !self.hs.to_send().is_empty();
@@ -315,10 +312,14 @@ impl Task for HelloTask {
                 cx.set_timer(Some(self.deadline));
                 return Step::Continue;
             }
-            Err(e) => return failed(self, handshake(&self.peer, e)),
+            Err(e) => return failed(self, &e),
         };
+        let peer = peer_endpoint(self.addr);
         let transport = &self.shared.transport;
-        match transport.start(self.sock.clone(), self.peer.clone(), self.link, hello) {
+        if let Err(e) = transport.configure(&self.sock, &peer) {
+            return failed(self, &e);
+        }
+        match transport.start(self.sock.clone(), peer, self.link, hello) {
             Ok((conn, task)) => {
                 if self.shared.tx.send(Ok(conn)).is_err() {
                     // The listener is gone: the connection closes.
@@ -326,7 +327,19 @@ impl Task for HelloTask {
                 }
                 Step::Replace(Box::new(task))
             }
-            Err(e) => failed(self, e),
+            Err(e) => failed(self, &e),
+        }
+    }
+}
+
+/// A peer's address for logs, `unknown` if the system gave none.
+struct Peer(Option<SocketAddr>);
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(a) => write!(f, "tcp://{a}"),
+            None => f.write_str("tcp://unknown"),
         }
     }
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use zerocast_core::{Caps, ConnectError, Endpoint, ErrorKind, Hello, LinkConfig, Scheme};
-use zerocast_link::engine::Engine;
+use zerocast_link::engine::Engines;
 use zerocast_link::{Flavor, LinkSetup};
 use zerocast_mem::{Pool, PoolConfig};
 
@@ -106,12 +106,21 @@ pub fn pool_config_for(link: &LinkConfig) -> PoolConfig {
 pub struct TcpTransport {
     pool: Pool,
     cfg: Arc<TcpConfig>,
-    engine: Engine,
+    engines: Engines,
 }
 
 impl TcpTransport {
-    /// A transport whose connections take buffers from `pool`.
+    /// A transport whose connections take buffers from `pool`, on an
+    /// engine of its own.
     pub fn new(pool: Pool, cfg: TcpConfig) -> Result<Self, ConnectError> {
+        let engines = Engines::start("zerocast-tcp", 1)
+            .map_err(|e| ConnectError::Transport { kind: ErrorKind::LocalResource, source: e.into() })?;
+        Self::with_engines(pool, cfg, engines)
+    }
+
+    /// A transport whose connections take buffers from `pool` and run on
+    /// `engines` (which other transports may share).
+    pub fn with_engines(pool: Pool, cfg: TcpConfig, engines: Engines) -> Result<Self, ConnectError> {
         cfg.link.validate().map_err(ConnectError::transport)?;
         if pool.max_buf_size() < cfg.link.max_payload as usize {
             let msg = format!(
@@ -121,9 +130,7 @@ impl TcpTransport {
             );
             return Err(ConnectError::Transport { kind: ErrorKind::LocalResource, source: msg.into() });
         }
-        let engine = Engine::start("zerocast-tcp")
-            .map_err(|e| ConnectError::Transport { kind: ErrorKind::LocalResource, source: e.into() })?;
-        Ok(Self { pool, cfg: Arc::new(cfg), engine })
+        Ok(Self { pool, cfg: Arc::new(cfg), engines })
     }
 
     /// A transport with its own unregistered pool sized for `cfg`.
@@ -188,7 +195,7 @@ impl TcpTransport {
             .map_err(|source| ConnectError::Handshake { endpoint: peer.to_string(), source })?;
         sock.set_nonblocking(true).map_err(|e| ConnectError::Io { endpoint: peer.to_string(), source: e })?;
         let (conn, task) = self.start(Arc::new(sock), peer, link_cfg, peer_hello)?;
-        self.engine.register(Box::new(task));
+        self.engines.pick().register(Box::new(task));
         Ok(conn)
     }
 
@@ -265,7 +272,7 @@ impl zerocast_core::Transport for TcpTransport {
             std::io::ErrorKind::AddrInUse => ConnectError::InUse(ep.to_string()),
             _ => io_err(e),
         })?;
-        sock.listen(1024).map_err(io_err)?;
+        sock.listen(4096).map_err(io_err)?;
         let bound = sock.local_addr().map_err(io_err)?.as_socket().map(|a| a.port()).unwrap_or(0);
         let local = ep.with_port(bound);
         tracing::debug!(%local, "tcp listening");

@@ -83,32 +83,6 @@ impl Driver {
         Self { shared: self.shared.clone(), outgoing: None }
     }
 
-    /// Wait for work and fill `batch` with up to `max_batch` stamped frames.
-    ///
-    /// Returns `false` when the writer should stop: the connection failed,
-    /// or both sides said goodbye. Frames already in `batch` on a `true`
-    /// return must be written; on `false` the batch is empty.
-    ///
-    /// With heartbeats on, it also returns at least once per interval: with
-    /// a heartbeat (an empty credit frame) when nothing else went out for an
-    /// interval, or `false` when the peer was silent for
-    /// [`HEARTBEAT_MISSES`] intervals (the connection has then failed with
-    /// [`ConnError::HeartbeatTimeout`]).
-    pub fn next_batch(&self, batch: &mut Vec<Frame>) -> bool {
-        loop {
-            let first = match self.wait_item() {
-                Wait::Item(item) => Some(item),
-                Wait::Tick => None,
-                Wait::Stop => return false,
-            };
-            match self.fill(first, batch) {
-                Fill::Ready => return true,
-                Fill::Stop => return false,
-                Fill::Empty => {}
-            }
-        }
-    }
-
     /// Wait for the next work item, or for a heartbeat tick.
     pub(crate) fn wait_item(&self) -> Wait {
         {

@@ -14,13 +14,16 @@
 //! crate only puts it behind a mutex and wakes the right thread.
 //!
 //! Heartbeats live here too: with an interval negotiated in the hello, the
-//! writer's [`Driver::next_batch`] wakes at least once per interval, sends an
-//! empty credit frame when nothing else went out, and fails the connection
-//! with [`ConnError::HeartbeatTimeout`] when nothing came from the peer for
-//! [`zerocast_core::HEARTBEAT_MISSES`] intervals.
+//! writer ([`Driver::drive_writer`] at its deadline, or [`Driver::run_writer`])
+//! sends an empty credit frame when nothing else went out for an interval,
+//! and fails the connection with [`ConnError::HeartbeatTimeout`] when
+//! nothing came from the peer for [`zerocast_core::HEARTBEAT_MISSES`]
+//! intervals.
 //!
-//! It does **not** open sockets or devices, and it spawns no threads: the
-//! backend owns its I/O threads and drives the [`Driver`] from them.
+//! And the [`engine`]: one thread that drives many connections as
+//! non-blocking tasks, so that a backend needs no thread per connection.
+//! It does **not** open sockets or devices: the backend's tasks, wire and
+//! source do.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

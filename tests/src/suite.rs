@@ -655,3 +655,35 @@ pub fn typed_check_off(t: &Transport) {
     let (_s, rx) = server.split::<(), SmallB>();
     assert_eq!(rx.recv_timeout(Duration::from_secs(10)).expect("decodes"), SmallB { temperature: 42 });
 }
+
+/// Two threads receive on one connection, taking turns: the one that
+/// reads the connection takes a message and stops receiving, and the other
+/// — waiting behind it for deliveries — still gets the next message. Then
+/// the same with the roles swapped, many times.
+pub fn receivers_take_turns(t: &Transport) {
+    let (client, server) = t.pair();
+    let wait = Duration::from_secs(10);
+    for round in 0..20u8 {
+        let (a, b) = (server.clone(), server.clone());
+        let first = thread::spawn(move || a.recv_timeout(wait).map(|m| m[0]));
+        // Give the first thread a moment to be the one reading, so the
+        // second waits behind it (the outcome is checked either way).
+        thread::sleep(Duration::from_millis(5));
+        let second = thread::spawn(move || b.recv_timeout(wait).map(|m| m[0]));
+        thread::sleep(Duration::from_millis(5));
+        for i in 0..2u8 {
+            let mut buf = client.alloc(1).expect("alloc");
+            buf[0] = 2 * round + i;
+            client.send_timeout(buf, wait).expect("send");
+            // One receiver takes this message and stops receiving; the
+            // next is for the other.
+            thread::sleep(Duration::from_millis(2));
+        }
+        let mut got = [
+            first.join().expect("first receiver").expect("a message for the first receiver"),
+            second.join().expect("second receiver").expect("a message for the second receiver"),
+        ];
+        got.sort_unstable();
+        assert_eq!(got, [2 * round, 2 * round + 1], "round {round}: each message once");
+    }
+}

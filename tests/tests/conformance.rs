@@ -19,6 +19,11 @@ macro_rules! conformance {
             }
 
             #[test]
+            fn receivers_take_turns() {
+                suite::receivers_take_turns(&transport());
+            }
+
+            #[test]
             fn backpressure() {
                 suite::backpressure(&transport(), WINDOW);
             }

@@ -140,6 +140,12 @@ macro_rules! conformance {
 
             #[test]
             #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn receivers_take_turns() {
+                run(suite::receivers_take_turns);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
             fn iter_results() {
                 run(suite::iter_results);
             }

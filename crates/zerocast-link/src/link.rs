@@ -212,7 +212,7 @@ impl Link {
         // The peer may be waiting for these to send what frees our credit.
         self.shared.fold_releases(&mut st);
         drop(st);
-        let slice = now + Duration::from_millis(100);
+        let slice = now + self.shared.wait_slice();
         let until = deadline.map_or(slice, |d| d.min(slice));
         let pumped = {
             let _reading = AppReading::enter(&self.shared.app_readers);
@@ -225,8 +225,12 @@ impl Link {
                 *source_done = true;
                 st
             }
-            // Another thread reads: its frames wake this one.
+            // Another thread reads: its frames wake this one. Should it
+            // stop reading first, the engine reads on (the claim ends).
             None if st.credits.is_blocked() && st.failed.is_none() && !st.local_closed => {
+                drop(st);
+                self.shared.unclaim();
+                let st = self.shared.lock();
                 self.shared.wait_cv(st, Some(until.saturating_duration_since(Instant::now())))
             }
             None => st,
@@ -267,9 +271,9 @@ impl Link {
                 return Some(self.deliver(d));
             }
             self.shared.fold_pending();
-            // Wake up now and then even without a deadline: another thread
-            // may take over the reading.
-            let slice = Instant::now() + Duration::from_millis(100);
+            // A source that is not woken by everything that concerns it
+            // (see [`Driver::install_source`]) is pumped in slices.
+            let slice = Instant::now() + self.shared.wait_slice();
             let until = deadline.map_or(slice, |d| d.min(slice));
             let pumped = match self.pump_handing_over(Some(until)) {
                 OwnPump::HandedOver(d) => return Some(self.deliver(d)),
@@ -283,8 +287,11 @@ impl Link {
                     continue;
                 }
                 // Another application thread is reading: its deliveries
-                // come through the queue.
-                OwnPump::Pumped(None) => return None,
+                // come through the queue, and once it stops, the engine's.
+                OwnPump::Pumped(None) => {
+                    drop(_reading);
+                    return Some(self.recv_behind_another(deadline));
+                }
             };
             match pumped {
                 Pumped::Frames => {}
@@ -300,6 +307,23 @@ impl Link {
                     }
                 }
             }
+        }
+    }
+
+    /// Wait for a message delivered by whoever reads the source: another
+    /// application thread holds it now. While this thread waits, no claim
+    /// holds (see [`Shared::claim`]): when the other thread stops reading,
+    /// the engine reads on.
+    #[cold]
+    fn recv_behind_another(&self, deadline: Option<Instant>) -> Result<RecvBuf, RecvError> {
+        self.shared.queue_waiters.fetch_add(1, Ordering::SeqCst);
+        self.shared.unclaim();
+        self.shared.fold_pending();
+        let d = self.shared.delivered.pop(deadline);
+        self.shared.queue_waiters.fetch_sub(1, Ordering::SeqCst);
+        match d {
+            Some(d) => self.deliver(d),
+            None => Err(RecvError::Timeout),
         }
     }
 

@@ -110,6 +110,12 @@ pub(crate) struct Shared {
     /// The engine found the source held by an application thread, which
     /// wakes it when it lets go.
     pub(crate) handback: AtomicBool,
+    /// Receiving threads waiting for deliveries while another reads the
+    /// source (see [`Shared::claim`]).
+    pub(crate) queue_waiters: AtomicUsize,
+    /// The source's waits are woken by everything that concerns them (see
+    /// [`crate::Driver::install_waking_source`]).
+    pub(crate) source_wakes: AtomicBool,
     /// Received buffers released and not yet told to the credit machine
     /// (see [`Shared::release_one`]).
     released: AtomicU32,
@@ -174,6 +180,8 @@ impl Shared {
             scheduled: AtomicBool::new(false),
             claimed: AtomicBool::new(false),
             handback: AtomicBool::new(false),
+            source_wakes: AtomicBool::new(false),
+            queue_waiters: AtomicUsize::new(0),
             released: AtomicU32::new(0),
             release_batch: (setup.config.recv_window / 8).clamp(1, 32),
         };
@@ -212,6 +220,17 @@ impl Shared {
         }
     }
 
+    /// How long a thread waits in the source's pump before it looks around
+    /// (see [`crate::Driver::install_source`]).
+    pub(crate) fn wait_slice(&self) -> Duration {
+        if self.source_wakes.load(Ordering::Relaxed) {
+            // As good as no limit: an hour.
+            Duration::from_secs(3600)
+        } else {
+            Duration::from_millis(100)
+        }
+    }
+
     /// Wake the engine task that drives this connection, if an engine
     /// does and the task is not woken already.
     #[inline]
@@ -224,10 +243,18 @@ impl Shared {
     }
 
     /// An application thread receives here: the engine stops reading.
+    /// Not while another receiving thread waits for deliveries behind the
+    /// one that reads: the engine must read for it once that one stops.
+    /// (Raised, then the waiters read; a waiter counts itself, then lowers
+    /// it: with both orders sequentially consistent, one of them sees the
+    /// other.)
     #[inline(always)]
     pub(crate) fn claim(&self) {
         if !self.claimed.load(Ordering::Relaxed) {
             self.claimed.store(true, Ordering::SeqCst);
+            if self.queue_waiters.load(Ordering::SeqCst) > 0 {
+                self.unclaim();
+            }
         }
     }
 

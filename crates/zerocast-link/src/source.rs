@@ -44,10 +44,25 @@ pub(crate) type SourceLock = Mutex<Box<dyn Source>>;
 
 impl Driver {
     /// Let receiving threads read through `source` (see the module docs).
-    /// The backend's reader thread then reads through [`Driver::try_pump`].
-    /// A second call is ignored.
+    /// The backend's reader thread (or engine task) then reads through
+    /// [`Driver::try_pump`]. A second call is ignored.
+    ///
+    /// A thread that waits in such a source's pump wakes every 100 ms to
+    /// look around, for a backend whose waits are not woken by everything
+    /// that concerns them; [`Driver::install_waking_source`] is for those
+    /// that are.
     pub fn install_source(&self, source: Box<dyn Source>) {
         let _ = self.shared.source.0.set(Mutex::new(source));
+    }
+
+    /// [`Driver::install_source`] for a source whose pump, waiting until a
+    /// deadline, is woken by everything that concerns it: a frame, the end
+    /// of the stream, and the shutdown every local failure and close does.
+    /// A receiving thread then waits in it for as long as it was asked to,
+    /// with no timed wake-up.
+    pub fn install_waking_source(&self, source: Box<dyn Source>) {
+        self.shared.source_wakes.store(true, Ordering::Relaxed);
+        self.install_source(source);
     }
 
     /// Pump the installed source from the backend's reader thread, unless

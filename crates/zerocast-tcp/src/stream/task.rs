@@ -41,7 +41,7 @@ impl ConnTask {
     /// now on.
     pub(super) fn new(sock: Arc<Socket>, driver: Driver, frame_timeout: Duration, peer_window: u32) -> Self {
         let attention = Arc::new(Attention::default());
-        driver.install_source(Box::new(Reader::new(sock.clone(), frame_timeout, attention.clone())));
+        driver.install_waking_source(Box::new(Reader::new(sock.clone(), frame_timeout, attention.clone())));
         let max_batch = 2 * peer_window as usize + 2;
         Self {
             sock,

@@ -109,12 +109,19 @@ impl Driver {
     /// Stamp `first` and whatever else is queued into `batch`, with the
     /// credit frame, goodbye or heartbeat that is due.
     pub(crate) fn fill(&self, first: Option<Outgoing>, batch: &mut Vec<Frame>) -> Fill {
+        self.fill_from(first, batch, self.outgoing.is_some())
+    }
+
+    /// [`Driver::fill`]; `drain`: take more from the queue after `first`
+    /// (a driver that does not write takes only what it is given, unless
+    /// it writes for once, holding the wire: [`Driver::write_queued_here`]).
+    pub(crate) fn fill_from(&self, first: Option<Outgoing>, batch: &mut Vec<Frame>, drain: bool) -> Fill {
         let mut st = self.shared.lock();
         self.shared.fold_releases(&mut st);
         let starved = st.credits.peer_may_be_starved();
         if let Some(first) = first {
             self.stamp(&mut st, first, batch);
-            while batch.len() < self.shared.max_batch && self.outgoing.is_some() {
+            while batch.len() < self.shared.max_batch && drain {
                 match self.shared.tx.try_pop() {
                     Some(item) => self.stamp(&mut st, item, batch),
                     None => break,

@@ -138,6 +138,9 @@ impl Link {
                     None if !polled && self.shared.source.0.get().is_some() => {
                         polled = true;
                         drop(st);
+                        // What this thread queued goes out now, from here,
+                        // rather than waiting for the engine's thread.
+                        self.reader.write_queued_here();
                         let _ = self.reader.pump_as(None, false);
                         st = self.shared.lock();
                     }

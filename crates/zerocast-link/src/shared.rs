@@ -110,6 +110,10 @@ pub(crate) struct Shared {
     /// The engine found the source held by an application thread, which
     /// wakes it when it lets go.
     pub(crate) handback: AtomicBool,
+    /// The batch a sending thread fills when it writes what is queued
+    /// itself (see [`crate::Driver::write_queued_here`]); locked only by
+    /// the thread holding the wire.
+    pub(crate) spare_batch: Mutex<Vec<crate::Frame>>,
     /// Receiving threads waiting for deliveries while another reads the
     /// source (see [`Shared::claim`]).
     pub(crate) queue_waiters: AtomicUsize,
@@ -182,6 +186,7 @@ impl Shared {
             handback: AtomicBool::new(false),
             source_wakes: AtomicBool::new(false),
             queue_waiters: AtomicUsize::new(0),
+            spare_batch: Mutex::new(Vec::with_capacity(setup.config.max_batch + 2)),
             released: AtomicU32::new(0),
             release_batch: (setup.config.recv_window / 8).clamp(1, 32),
         };

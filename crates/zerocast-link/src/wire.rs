@@ -205,6 +205,41 @@ impl Driver {
         }
     }
 
+    /// Write what is queued on the calling thread, if an engine drives
+    /// this connection (its wire never waits) and no other thread is
+    /// writing: for a sender that polls (`try_send` finding no credit), so
+    /// that its queued frames go out without waiting for the engine's
+    /// thread, which a spinning thread may keep from a core.
+    pub(crate) fn write_queued_here(&self) {
+        let shared = &*self.shared;
+        if shared.waker.0.get().is_none() || shared.tx.is_empty() {
+            return;
+        }
+        let Some(wire) = shared.wire.0.get() else { return };
+        let mut w = match wire.try_lock() {
+            Ok(w) => w,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        let ctx = WireCtx { shared };
+        // Only ever locked by the thread holding the wire.
+        let mut batch = shared.spare_batch.lock().unwrap_or_else(|p| p.into_inner());
+        while !w.backlog() {
+            let Some(first) = shared.tx.try_pop() else { return };
+            match self.fill_from(Some(first), &mut batch, true) {
+                Fill::Ready => {}
+                Fill::Empty => continue,
+                Fill::Stop => return,
+            }
+            let res = w.write(&mut batch, &ctx);
+            batch.clear();
+            if let Err(e) = res {
+                self.fail(e);
+                return;
+            }
+        }
+    }
+
     /// When the heartbeat next needs the writer: to send one, or to find
     /// the peer silent (`None`: heartbeats are off).
     pub fn heartbeat_deadline(&self) -> Option<Instant> {

@@ -207,6 +207,15 @@ impl Engine {
         Ok(Engine { handle: Arc::new(Handle(inner)) })
     }
 
+    /// An engine with no thread of its own: the caller drives it through
+    /// the [`Progress`] returned with it, from its own event loop. Its
+    /// tasks run only inside [`Progress::progress`].
+    pub fn detached(name: &str) -> io::Result<(Engine, Progress)> {
+        let inner = Arc::new(Inner::new(name)?);
+        let runner = run::Runner::new(inner.clone());
+        Ok((Engine { handle: Arc::new(Handle(inner)) }, Progress { runner }))
+    }
+
     /// Hand `task` to the engine. It runs once soon (so it can say what it
     /// waits for) and then as it asks.
     pub fn register(&self, task: Box<dyn Task>) {
@@ -219,6 +228,96 @@ impl Engine {
     /// The engine's name (its thread's).
     pub fn name(&self) -> &str {
         &self.handle.0.name
+    }
+}
+
+/// The driving end of a [`detached`](Engine::detached) engine, for another
+/// event loop: one descriptor to wait on, and a `progress`/`arm` pair with
+/// the rule of UCX's workers: progress until nothing is left, then arm,
+/// and wait on the descriptor only if arming succeeded.
+///
+/// ```no_run
+/// # fn main() -> std::io::Result<()> {
+/// use std::time::Instant;
+/// let (engine, mut progress) = zerocast_link::engine::Engine::detached("my-loop")?;
+/// // … register tasks through `engine` …
+/// loop {
+///     progress.progress();
+///     match progress.arm() {
+///         // Nothing pending: wait until the descriptor is readable or the
+///         // timer is due (here with poll(2); an async runtime uses its
+///         // reactor).
+///         Ok(timer) => {
+///             let ms = timer.map_or(-1, |t| t.saturating_duration_since(Instant::now()).as_millis() as i32);
+///             let fd = progress.fd();
+///             let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+///             let timeout = (ms >= 0).then(|| rustix::event::Timespec { tv_sec: 0, tv_nsec: i64::from(ms) * 1_000_000 });
+///             let _ = rustix::event::poll(&mut fds, timeout.as_ref());
+///         }
+///         // Work arrived meanwhile: progress again.
+///         Err(zerocast_link::engine::Pending) => {}
+///     }
+///     # break;
+/// }
+/// # Ok(()) }
+/// ```
+pub struct Progress {
+    runner: run::Runner,
+}
+
+/// [`Progress::arm`] failed: work is pending, progress again before waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pending;
+
+impl fmt::Debug for Progress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Progress").field("engine", &self.runner.inner().name).finish_non_exhaustive()
+    }
+}
+
+impl Progress {
+    /// The descriptor to wait on: readable whenever the engine has work
+    /// (a task's descriptor is ready or a task was woken). Timers are not
+    /// on it: [`Progress::arm`] says when the next is due.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.runner.inner().epoll.as_fd()
+    }
+
+    /// Run what is ready now, without waiting: ready descriptors, woken
+    /// tasks, due timers. How many readiness events it handled (a busy
+    /// loop may call this alone, and never arm).
+    pub fn progress(&mut self) -> usize {
+        match self.runner.turn(Some(std::time::Duration::ZERO)) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(engine = %self.runner.inner().name, error = %e, "epoll_wait failed");
+                0
+            }
+        }
+    }
+
+    /// Prepare to wait. `Ok` with the time the next timer is due (`None`:
+    /// no timer) when nothing is pending: wait on [`Progress::fd`] until
+    /// then. `Err(Pending)` while anything is: progress first. So no event
+    /// that came before the wait is lost: the descriptor stays readable
+    /// while work is pending (every registration is level-triggered).
+    pub fn arm(&mut self) -> Result<Option<Instant>, Pending> {
+        let next = self.runner.next_timer();
+        if next.is_some_and(|t| t <= Instant::now()) {
+            return Err(Pending);
+        }
+        let fd = self.fd();
+        let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+        let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+        match rustix::event::poll(&mut fds, Some(&zero)) {
+            Ok(0) => Ok(next),
+            _ => Err(Pending),
+        }
+    }
+
+    /// Whether every handle of the engine and every task is gone.
+    pub fn is_finished(&self) -> bool {
+        self.runner.finished()
     }
 }
 
@@ -305,3 +404,6 @@ impl Inner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

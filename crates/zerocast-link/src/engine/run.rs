@@ -41,7 +41,10 @@ struct Why {
     timer_due: bool,
 }
 
-struct Runner {
+/// The engine's side: its tasks, timers and the loop's state. Owned by
+/// whichever thread drives the engine — its own, or another event loop's
+/// through [`super::Progress`].
+pub(super) struct Runner {
     inner: Arc<Inner>,
     slots: Slab<Slot>,
     timers: Timers,
@@ -53,41 +56,68 @@ struct Runner {
     /// Swapped with the shared wake-up list every turn, so neither grows
     /// again once warm.
     tokens: Vec<u64>,
+    events: Box<[Event; EVENTS]>,
 }
 
+/// The engine's own thread: turns until no handle and no task is left.
 pub(super) fn run(inner: Arc<Inner>) {
-    let mut r = Runner {
-        inner,
-        slots: Slab::new(),
-        timers: Timers::default(),
-        generation: 0,
-        turn: 0,
-        spawned: Vec::new(),
-        tokens: Vec::new(),
-    };
-    let empty = Event { flags: EventFlags::empty(), data: EventData::new_u64(0) };
-    let mut events = [empty; EVENTS];
-    loop {
-        if r.inner.closing.load(std::sync::atomic::Ordering::SeqCst) && r.slots.is_empty() && r.no_incoming()
-        {
+    let mut r = Runner::new(inner);
+    while !r.finished() {
+        let timeout = r.timers.next().map(|at| at.saturating_duration_since(Instant::now()));
+        if let Err(e) = r.turn(timeout) {
+            tracing::error!(engine = %r.inner.name, error = %e, "epoll_wait failed; the engine stops");
             return;
         }
-        let timeout = r.timers.next().map(|at| {
-            let d = at.saturating_duration_since(Instant::now());
-            Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) }
-        });
-        let n = match epoll::wait(&r.inner.epoll, &mut events, timeout.as_ref()) {
+    }
+}
+
+impl Runner {
+    pub(super) fn new(inner: Arc<Inner>) -> Runner {
+        let empty = Event { flags: EventFlags::empty(), data: EventData::new_u64(0) };
+        Runner {
+            inner,
+            slots: Slab::new(),
+            timers: Timers::default(),
+            generation: 0,
+            turn: 0,
+            spawned: Vec::new(),
+            tokens: Vec::new(),
+            events: Box::new([empty; EVENTS]),
+        }
+    }
+
+    pub(super) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
+    /// No handle is left and no task: the engine is over.
+    pub(super) fn finished(&self) -> bool {
+        self.inner.closing.load(std::sync::atomic::Ordering::SeqCst)
+            && self.slots.is_empty()
+            && self.no_incoming()
+    }
+
+    /// When the earliest timer is due.
+    pub(super) fn next_timer(&self) -> Option<Instant> {
+        self.timers.next()
+    }
+
+    /// Wait for readiness up to `timeout` (`None`: however long), then run
+    /// what is ready, what was woken and what is due. How many events the
+    /// wait returned (0: it timed out, or was interrupted).
+    pub(super) fn turn(&mut self, timeout: Option<std::time::Duration>) -> std::io::Result<usize> {
+        let timeout =
+            timeout.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) });
+        let n = match epoll::wait(&self.inner.epoll, &mut *self.events, timeout.as_ref()) {
             Ok(n) => n,
-            Err(Errno::INTR) => continue,
-            Err(e) => {
-                tracing::error!(engine = %r.inner.name, error = %e, "epoll_wait failed; the engine stops");
-                return;
-            }
+            Err(Errno::INTR) => 0,
+            Err(e) => return Err(e.into()),
         };
-        r.turn += 1;
+        self.turn += 1;
         let now = Instant::now();
         let mut woke = false;
-        for ev in &events[..n] {
+        for i in 0..n {
+            let ev = self.events[i];
             let token = ev.data.u64();
             if token == WAKE {
                 woke = true;
@@ -102,14 +132,16 @@ pub(super) fn run(inner: Arc<Inner>) {
                 hangup: flags.intersects(EventFlags::HUP | EventFlags::ERR),
                 ..Why::default()
             };
-            r.dispatch(token, why, now);
+            self.dispatch(token, why, now);
         }
         if woke {
-            r.take_wakeups(now);
+            self.take_wakeups(now);
         }
-        while let Some(token) = r.timers.pop_due(now, |token, at| timer_check(&mut r.slots, token, at)) {
-            r.dispatch(token, Why { timer_due: true, ..Why::default() }, now);
+        while let Some(token) = self.timers.pop_due(now, |token, at| timer_check(&mut self.slots, token, at))
+        {
+            self.dispatch(token, Why { timer_due: true, ..Why::default() }, now);
         }
+        Ok(n)
     }
 }
 

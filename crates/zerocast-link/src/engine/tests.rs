@@ -1,0 +1,145 @@
+//! The engine driven by hand through `Progress`: readiness, wake-ups and
+//! timers each run their task, and `arm` refuses while any is pending.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// Reads its socket when readable; counts bytes, wake-ups and timers.
+struct Echo {
+    sock: UnixStream,
+    seen: Arc<Counts>,
+    timer: Option<Instant>,
+    waker: Arc<Mutex<Option<Waker>>>,
+}
+
+#[derive(Default)]
+struct Counts {
+    bytes: AtomicUsize,
+    woken: AtomicUsize,
+    timers: AtomicUsize,
+}
+
+impl Task for Echo {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.sock.as_fd())
+    }
+
+    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
+        self.waker.lock().unwrap().get_or_insert_with(|| cx.waker());
+        if cx.readable() {
+            let mut buf = [0u8; 64];
+            match (&self.sock).read(&mut buf) {
+                Ok(0) => return Step::Done,
+                Ok(n) => {
+                    self.seen.bytes.fetch_add(n, Ordering::SeqCst);
+                }
+                Err(_) => {}
+            }
+        }
+        if cx.woken() {
+            self.seen.woken.fetch_add(1, Ordering::SeqCst);
+        }
+        if cx.timer_due() {
+            self.seen.timers.fetch_add(1, Ordering::SeqCst);
+            self.timer = None;
+        }
+        cx.set_interest(Interest { read: true, write: false });
+        cx.set_timer(self.timer);
+        Step::Continue
+    }
+}
+
+/// Progress until `arm` succeeds; how many rounds that took.
+fn settle(p: &mut Progress) -> usize {
+    for round in 1..100 {
+        p.progress();
+        if p.arm().is_ok() {
+            return round;
+        }
+    }
+    panic!("the engine never settled");
+}
+
+#[test]
+fn progress_and_arm_follow_readiness_wakeups_and_timers() {
+    let (engine, mut p) = Engine::detached("test").unwrap();
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    ours.set_nonblocking(true).unwrap();
+    let seen = Arc::new(Counts::default());
+    let waker = Arc::new(Mutex::new(None));
+    let timer = Some(Instant::now() + Duration::from_millis(30));
+    engine.register(Box::new(Echo { sock: ours, seen: seen.clone(), timer, waker: waker.clone() }));
+    assert_eq!(p.arm(), Err(Pending), "a registration is pending work");
+    settle(&mut p);
+    assert_eq!(seen.woken.load(Ordering::SeqCst), 1, "a new task runs once");
+    // Armed with the timer's deadline: nothing else is pending.
+    let due = p.arm().unwrap().expect("the task's timer");
+    assert!(due > Instant::now() - Duration::from_secs(1));
+
+    // Bytes make the descriptor readable: arming fails until they are read.
+    (&theirs).write_all(b"hello").unwrap();
+    assert_eq!(p.arm(), Err(Pending));
+    settle(&mut p);
+    assert_eq!(seen.bytes.load(Ordering::SeqCst), 5);
+
+    // A wake-up from another thread, many times over: one run.
+    let w = waker.lock().unwrap().clone().unwrap();
+    std::thread::spawn(move || (0..10).for_each(|_| w.wake())).join().unwrap();
+    assert_eq!(p.arm(), Err(Pending));
+    settle(&mut p);
+    assert_eq!(seen.woken.load(Ordering::SeqCst), 2, "ten wake-ups, one run");
+
+    // The timer: arming fails once it is due.
+    while Instant::now() < due {
+        std::thread::sleep(due - Instant::now());
+    }
+    assert_eq!(p.arm(), Err(Pending), "a due timer is pending work");
+    settle(&mut p);
+    assert_eq!(seen.timers.load(Ordering::SeqCst), 1);
+    assert_eq!(p.arm(), Ok(None), "no timer left");
+
+    // The peer hangs up: the task ends; with the handle gone, so does the engine.
+    drop(theirs);
+    settle(&mut p);
+    assert!(!p.is_finished(), "a handle is left");
+    drop(engine);
+    settle(&mut p);
+    assert!(p.is_finished());
+}
+
+#[test]
+fn a_threaded_engine_runs_tasks_and_ends_with_its_last_handle() {
+    let engine = Engine::start("zc-test-engine").unwrap();
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    ours.set_nonblocking(true).unwrap();
+    let seen = Arc::new(Counts::default());
+    let waker = Arc::new(Mutex::new(None));
+    engine.register(Box::new(Echo { sock: ours, seen: seen.clone(), timer: None, waker }));
+    (&theirs).write_all(b"abc").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen.bytes.load(Ordering::SeqCst) < 3 {
+        assert!(Instant::now() < deadline, "the engine's thread never read");
+        std::thread::yield_now();
+    }
+    let name = |t: &std::fs::DirEntry| std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+    let engines = || {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .filter(|t| name(t).trim() == "zc-test-engine")
+            .count()
+    };
+    assert_eq!(engines(), 1);
+    drop(engine);
+    drop(theirs);
+    while engines() > 0 {
+        assert!(Instant::now() < deadline, "the engine's thread outlived its handles and tasks");
+        std::thread::yield_now();
+    }
+}

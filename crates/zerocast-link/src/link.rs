@@ -12,7 +12,7 @@ use crate::handoff::Handoff;
 use crate::queue::PushError;
 use crate::recv::RecvBuf;
 use crate::shared::{Delivery, Outgoing, Shared, State};
-use crate::source::{AppReading, Pumped};
+use crate::source::{AppReading, Awaited, Pumped};
 use crate::Driver;
 
 /// The application's handle to one connection. Cheap to clone; every clone
@@ -141,7 +141,7 @@ impl Link {
                         // What this thread queued goes out now, from here,
                         // rather than waiting for the engine's thread.
                         self.reader.write_queued_here();
-                        let _ = self.reader.pump_as(None, false);
+                        let _ = self.reader.pump_as(None, false, Awaited::Nothing);
                         st = self.shared.lock();
                     }
                     None => {
@@ -215,12 +215,17 @@ impl Link {
         // The peer may be waiting for these to send what frees our credit.
         self.shared.fold_releases(&mut st);
         drop(st);
-        let slice = now + self.shared.wait_slice();
+        // In slices: a local close, which nothing on the socket announces,
+        // ends the wait within one.
+        let slice = now + Duration::from_millis(100);
         let until = deadline.map_or(slice, |d| d.min(slice));
         let pumped = {
             let _reading = AppReading::enter(&self.shared.app_readers);
-            self.reader.pump_as(Some(until), false)
+            self.reader.pump_as(Some(until), false, Awaited::Credit)
         };
+        if pumped.is_none() {
+            self.shared.unclaim();
+        }
         let st = self.shared.lock();
         match pumped {
             Some(Pumped::Frames | Pumped::Idle) => st,
@@ -228,12 +233,10 @@ impl Link {
                 *source_done = true;
                 st
             }
-            // Another thread reads: its frames wake this one. Should it
-            // stop reading first, the engine reads on (the claim ends).
+            // Another thread reads: its frames wake this one (and should
+            // it stop reading first, the engine reads on: the claim ended
+            // above).
             None if st.credits.is_blocked() && st.failed.is_none() && !st.local_closed => {
-                drop(st);
-                self.shared.unclaim();
-                let st = self.shared.lock();
                 self.shared.wait_cv(st, Some(until.saturating_duration_since(Instant::now())))
             }
             None => st,
@@ -364,7 +367,7 @@ impl Link {
     #[inline(always)]
     fn pump_handing_over(&self, until: Option<Instant>) -> OwnPump {
         let handoff = Handoff::open(&self.shared);
-        let pumped = self.reader.pump_as(until, false);
+        let pumped = self.reader.pump_as(until, false, Awaited::Message);
         match handoff.take() {
             Some(d) => OwnPump::HandedOver(d),
             None => OwnPump::Pumped(pumped),
@@ -459,7 +462,7 @@ impl Link {
     /// reads the connection.
     pub fn stats(&self) -> LinkStats {
         if self.shared.source.0.get().is_some() {
-            let _ = self.reader.pump_as(None, false);
+            let _ = self.reader.pump_as(None, false, Awaited::Nothing);
         }
         let mut st = self.shared.lock();
         self.shared.fold_releases(&mut st);

@@ -16,6 +16,17 @@ use std::time::{Duration, Instant};
 
 use crate::Driver;
 
+/// What a thread that pumps the source, and would wait, waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Awaited {
+    /// It does not wait.
+    Nothing,
+    /// A message for the application.
+    Message,
+    /// Credit to send.
+    Credit,
+}
+
 /// What one [`Source::pump`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pumped {
@@ -69,14 +80,24 @@ impl Driver {
     /// another thread is pumping it now (`None`) or no source is installed
     /// (`Some(Pumped::Done)`).
     pub fn try_pump(&self, until: Option<Instant>) -> Option<Pumped> {
-        self.pump_as(until, true)
+        self.pump_as(until, true, Awaited::Nothing)
     }
 
     /// Pump the source; `background`: from the backend's reader thread,
     /// which an application thread that finds it pumping waits for.
+    /// `awaited`: what a caller that would wait (`until` set) waits for.
+    /// Once the source is locked, what another pump delivered meanwhile is
+    /// looked for, and if it is there, the pump does not wait: whoever held
+    /// the source may have delivered it between the caller's last look and
+    /// this lock, and nothing would then wake the wait.
     /// Inlined into both callers (see [`crate::Link::try_recv`]).
     #[inline(always)]
-    pub(crate) fn pump_as(&self, until: Option<Instant>, background: bool) -> Option<Pumped> {
+    pub(crate) fn pump_as(
+        &self,
+        until: Option<Instant>,
+        background: bool,
+        awaited: Awaited,
+    ) -> Option<Pumped> {
         let Some(src) = self.shared.source.0.get() else { return Some(Pumped::Done) };
         // Raised before the lock is tried, so an application thread that
         // finds the lock taken by this thread also finds the flag up.
@@ -89,11 +110,15 @@ impl Driver {
             let n = self.shared.app_pumps.load(Ordering::Relaxed);
             self.shared.app_pumps.store(n.wrapping_add(1), Ordering::Relaxed);
         }
-        let r = match src.try_lock() {
-            Ok(mut s) => Some(s.pump(self, until)),
-            Err(TryLockError::Poisoned(p)) => Some(p.into_inner().pump(self, until)),
+        let locked = match src.try_lock() {
+            Ok(s) => Some(s),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
             Err(TryLockError::WouldBlock) => None,
         };
+        let r = locked.map(|mut s| {
+            let until = if until.is_some() && self.already_there(awaited) { None } else { until };
+            s.pump(self, until)
+        });
         if background {
             self.shared.bg_pumping.store(false, Ordering::SeqCst);
         } else if self.shared.handback.load(Ordering::Relaxed)
@@ -104,6 +129,19 @@ impl Driver {
             self.shared.kick();
         }
         r
+    }
+
+    /// Whether what a waiting pump would wait for has come already.
+    #[inline]
+    fn already_there(&self, awaited: Awaited) -> bool {
+        match awaited {
+            Awaited::Nothing => false,
+            Awaited::Message => !self.shared.delivered.is_empty(),
+            Awaited::Credit => {
+                let st = self.shared.lock();
+                !st.credits.is_blocked() || st.failed.is_some() || st.local_closed
+            }
+        }
     }
 
     /// For the engine: whether an application thread receives on this

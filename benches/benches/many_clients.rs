@@ -45,12 +45,13 @@ fn parse_shape(s: &str) -> Option<(usize, u64)> {
 
 fn print_round(round: usize, server: Server, o: &Outcome) {
     println!(
-        "  round {round} {:>8}: {:>9.0} req/s  ({:.2?} for the requests, {:.2?} to connect, {} threads at peak)",
+        "  round {round} {:>8}: {:>9.0} req/s  ({:.2?} for the requests, {:.2?} to connect, {} threads at peak{})",
         server.name(),
         o.rate,
         o.elapsed,
         o.connect,
         o.peak_threads,
+        if o.connect_retries > 0 { format!(", {} connects retried", o.connect_retries) } else { String::new() },
     );
 }
 

@@ -13,7 +13,8 @@
 //!
 //! Both serve the same [`Store`], and both are driven by the same client
 //! harness ([`run_round`]): `threads` client threads, each holding an equal
-//! share of the `clients` connections (opened before the clock starts). For
+//! share of the `clients` connections (opened, and each answered once,
+//! before the clock starts). For
 //! each of the `requests` steps a client thread sends one request on each of
 //! its connections, then takes the reply of each: every connection does its
 //! requests one after another, each waiting for its reply, and all of them
@@ -25,6 +26,7 @@
 use std::collections::HashMap;
 use std::io::{self, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread::{self, JoinHandle};
@@ -96,6 +98,14 @@ impl Store {
 /// Keys each client cycles through (its own: no two clients share a key).
 const KEYS_PER_CLIENT: u64 = 64;
 
+/// Attempts beyond the first at a zerocast connect that failed in a way
+/// worth retrying.
+const CONNECT_TRIES: u32 = 5;
+
+/// Keys from here down are never put: each client's untimed first request
+/// gets one of them.
+const UNUSED_KEY: u64 = u64::MAX;
+
 /// Request `i` of client `c`: a `Put` at even steps, and at odd steps a
 /// `Get` of the key just put.
 pub fn request(c: u64, i: u64) -> Req {
@@ -161,10 +171,13 @@ pub struct Outcome {
     pub rate: f64,
     /// That time.
     pub elapsed: Duration,
-    /// The time to open every connection (not counted in the rate).
+    /// The time to open every connection and make one request on each
+    /// (not counted in the rate).
     pub connect: Duration,
     /// The most threads this process ran while the requests went on.
     pub peak_threads: usize,
+    /// zerocast connects tried again after a retryable failure.
+    pub connect_retries: u64,
 }
 
 /// This process's threads (`/proc/self/task`).
@@ -333,10 +346,25 @@ pub fn run_round(server: Server, shape: Shape, zc: &Contexts) -> Result<Outcome,
         Server::Std => std_server(clients, store)?,
     };
     let at = running.at.as_str();
+    let retries = AtomicU64::new(0);
     let connect = |_c: u64| -> Result<Box<dyn Client>, BoxError> {
         Ok(match server {
             Server::Zerocast => {
-                let (tx, rx) = zc.client.connect(at)?.split::<Req, Reply>();
+                // A handshake that times out on a loaded machine (a SYN
+                // dropped at a full accept queue is resent after 1 s, then
+                // 3 s) is tried again, as README's reconnect loop does.
+                let mut tries = 0;
+                let conn = loop {
+                    match zc.client.connect(at) {
+                        Ok(conn) => break conn,
+                        Err(e) if e.kind().is_retryable() && tries < CONNECT_TRIES => {
+                            tries += 1;
+                            retries.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                };
+                let (tx, rx) = conn.split::<Req, Reply>();
                 Box::new(ZcClient { tx, rx })
             }
             Server::Std => Box::new(Framed::new(TcpStream::connect(at.parse::<SocketAddr>()?)?)?),
@@ -354,6 +382,20 @@ pub fn run_round(server: Server, shape: Shape, zc: &Contexts) -> Result<Outcome,
                 let mut conns: Vec<Box<dyn Client>> = Vec::with_capacity(mine.len());
                 let opening: Result<(), BoxError> = mine.iter().try_for_each(|&c| {
                     conns.push(connect(c)?);
+                    Ok(())
+                });
+                // One untimed request on each, so that every connection is
+                // accepted and served before the clock starts (a std
+                // connect completes before the server accepts it).
+                let opening = opening.and_then(|()| {
+                    for (&c, conn) in mine.iter().zip(conns.iter_mut()) {
+                        conn.send(Req::Get { key: UNUSED_KEY - c })?;
+                    }
+                    for conn in &mut conns {
+                        if conn.recv()? != Reply::Value(None) {
+                            return Err("a wrong reply to the first request".into());
+                        }
+                    }
                     Ok(())
                 });
                 opened.wait();
@@ -405,6 +447,7 @@ pub fn run_round(server: Server, shape: Shape, zc: &Contexts) -> Result<Outcome,
         elapsed,
         connect: connect_time,
         peak_threads,
+        connect_retries: retries.into_inner(),
     })
 }
 

@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 mod blob;
+pub mod kv;
 mod msg;
 mod pingpong;
 mod raw;

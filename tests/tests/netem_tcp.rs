@@ -108,6 +108,9 @@ fn receiver() {
         }
     }
     println!("receiver: {next} received, {bad} bad, netem dropped {} here", netem_drops(PEER_DEV));
+    // The namespace, and with it the veth pair, lives until this process
+    // ends: wait until the sender has read its side's counters.
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
 }
 
 #[test]
@@ -131,6 +134,7 @@ fn tcp_typed_channel_through_lossy_veth() {
         .args(["--net", "--", exe, "tcp_typed_channel_through_lossy_veth", "--exact", "--ignored"])
         .args(["--nocapture", "--test-threads=1"])
         .env(ROLE_ENV, "receiver")
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn the receiver in a new network namespace");
@@ -156,9 +160,12 @@ fn tcp_typed_channel_through_lossy_veth() {
         tx.send(Msg { seq, sum: fnv1a(&body), body }).expect("send");
     }
     drop(tx);
-    // Read now: when the receiver exits, its namespace and the veth pair go.
-    let drops = netem_drops(HOST_DEV);
     let verdict = lines.find(|l| l.starts_with("receiver: ") && l.contains("received")).unwrap_or_default();
+    // Read while the receiver waits for its stdin to close: when it exits,
+    // its namespace and the veth pair go.
+    let drops = netem_drops(HOST_DEV);
+    let qdisc = capture("tc", &["-s", "qdisc", "show", "dev", HOST_DEV]);
+    drop(child.stdin.take());
     let status = child.wait().expect("receiver exit");
     let _ = Command::new("ip").args(["link", "del", HOST_DEV]).output();
     println!(
@@ -167,9 +174,5 @@ fn tcp_typed_channel_through_lossy_veth() {
     );
     assert!(status.success(), "receiver failed: {status}");
     assert!(verdict.contains(&format!("{MESSAGES} received, 0 bad")), "{verdict}");
-    assert!(
-        drops > 0,
-        "netem dropped nothing on the sender's side: the link was not impaired\n{}",
-        capture("tc", &["-s", "qdisc", "show", "dev", HOST_DEV])
-    );
+    assert!(drops > 0, "netem dropped nothing on the sender's side: the link was not impaired\n{qdisc}");
 }

@@ -91,6 +91,13 @@ fn readable(sock: &Socket, wait: Option<Duration>) -> bool {
 /// often an inter-processor interrupt and a halted vCPU brought back) costs
 /// more than the spin.
 fn readable_soon(sock: &Socket, wait: Duration) -> bool {
+    // At most one spinning thread per core but one: a thousand receiving
+    // threads that all spin fill the run queue and starve the threads
+    // that would answer them.
+    let _spinning = match Spinner::enter() {
+        Some(s) => s,
+        None => return readable(sock, Some(wait)),
+    };
     let start = Instant::now();
     let spin = SPIN.min(wait);
     loop {
@@ -104,6 +111,31 @@ fn readable_soon(sock: &Socket, wait: Duration) -> bool {
         // Stay runnable, but let a thread on this core that would send
         // (the peer, in the same process, say) go first.
         thread::yield_now();
+    }
+}
+
+/// A receiving thread spinning in [`readable_soon`], counted process-wide.
+struct Spinner;
+
+static SPINNERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl Spinner {
+    fn enter() -> Option<Spinner> {
+        static MAX: OnceLock<usize> = OnceLock::new();
+        let max = *MAX
+            .get_or_init(|| thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1)));
+        if SPINNERS.fetch_add(1, Ordering::Relaxed) < max {
+            Some(Spinner)
+        } else {
+            SPINNERS.fetch_sub(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        SPINNERS.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

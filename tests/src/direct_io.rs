@@ -37,7 +37,8 @@ pub fn ping_pong_is_written_by_the_caller(t: &Transport, rounds: u64, drained: i
     }
     let stats = client.stats();
     // One message in flight at a time: sends find the link quiet (a few may
-    // meet the writer thread holding the socket for a moment, and queue).
+    // meet the writer (the engine, or RC's writer thread) holding the
+    // socket for a moment, and queue).
     assert!(stats.direct_sends >= rounds * 99 / 100, "{stats:?}");
     client.close();
     echo.join().expect("echo thread");
@@ -45,7 +46,8 @@ pub fn ping_pong_is_written_by_the_caller(t: &Transport, rounds: u64, drained: i
 }
 
 /// A burst of `n` small messages: once frames are in flight they queue for
-/// the writer thread's batches, and all arrive in order.
+/// the writer's batches (the engine's, or RC's writer thread's), and all
+/// arrive in order.
 pub fn a_burst_goes_through_the_writer(t: &Transport, n: u64, drained: impl Fn(&Transport)) {
     let (client, server) = t.pair();
     let reader = thread::spawn(move || {
@@ -164,7 +166,8 @@ pub fn reading_receivers_share_the_stream(t: &Transport, n: u64, drained: impl F
 }
 
 /// A receiver that busy-polls with `try_recv` reads the transport itself
-/// (the reader thread steps aside): `n` messages arrive whole and in order,
+/// (it claims the socket from the engine; RC's reader thread steps aside):
+/// `n` messages arrive whole and in order,
 /// and then the disconnect.
 pub fn a_try_recv_loop_reads_the_stream(t: &Transport, n: u64, drained: impl Fn(&Transport)) {
     let (client, server) = t.pair();

@@ -204,13 +204,12 @@ impl zerocast_core::Transport for MemTransport {
 struct Pump {
     from: Driver,
     to: Driver,
-    batch: Vec<Frame>,
     attached: bool,
 }
 
 impl Pump {
     fn new(from: Driver, to: Driver) -> Self {
-        Self { from, to, batch: Vec::with_capacity(64), attached: false }
+        Self { from, to, attached: false }
     }
 }
 
@@ -225,7 +224,7 @@ impl Task for Pump {
             self.attached = true;
         }
         let tick = cx.timer_due();
-        match self.from.drive_writer(&mut self.batch, tick) {
+        match self.from.drive_writer(tick) {
             Writing::Idle { next } => {
                 cx.set_timer(next);
                 Step::Continue

@@ -110,9 +110,9 @@ pub(crate) struct Shared {
     /// The engine found the source held by an application thread, which
     /// wakes it when it lets go.
     pub(crate) handback: AtomicBool,
-    /// The batch a sending thread fills when it writes what is queued
-    /// itself (see [`crate::Driver::write_queued_here`]); locked only by
-    /// the thread holding the wire.
+    /// The batch an engine's writer, or a sending thread writing for it
+    /// ([`crate::Driver::write_queued_here`]), fills; locked only by the
+    /// thread holding the wire.
     pub(crate) spare_batch: Mutex<Vec<crate::Frame>>,
     /// Receiving threads waiting for deliveries while another reads the
     /// source (see [`Shared::claim`]).

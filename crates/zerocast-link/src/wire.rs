@@ -106,6 +106,17 @@ pub enum Writing {
     Finished,
 }
 
+/// Where [`Driver::write_queued`] stopped.
+enum Written {
+    /// Nothing is queued.
+    Drained,
+    /// The wire keeps a backlog.
+    Backlog,
+    /// The writer should stop: the connection failed, or both goodbyes
+    /// are out.
+    Stop,
+}
+
 pub(crate) type WireLock = Mutex<Box<dyn Wire>>;
 
 fn lock_wire(w: &WireLock) -> MutexGuard<'_, Box<dyn Wire>> {
@@ -157,7 +168,7 @@ impl Driver {
     /// The engine's writer step: flush the wire's backlog, then stamp and
     /// write everything queued, without waiting. `tick`: the heartbeat
     /// deadline [`Writing::Idle`] gave has come.
-    pub fn drive_writer(&self, batch: &mut Vec<Frame>, tick: bool) -> Writing {
+    pub fn drive_writer(&self, tick: bool) -> Writing {
         let shared = &*self.shared;
         // Cleared before looking, so work queued from here on wakes the
         // task again.
@@ -174,33 +185,16 @@ impl Driver {
         if tick && shared.check_heartbeat().is_err() {
             return Writing::Finished;
         }
-        let mut tick = tick;
-        loop {
-            if w.backlog() {
-                return Writing::Backlog;
-            }
-            let first = shared.tx.try_pop();
-            let stop = {
+        match self.write_queued(&mut **w, &ctx, tick) {
+            Written::Backlog => Writing::Backlog,
+            Written::Stop => Writing::Finished,
+            Written::Drained => {
                 let st = shared.lock();
-                st.failed.is_some() || (st.goodbye_sent && st.peer_closed)
-            };
-            if first.is_none() && !tick {
-                if stop {
+                if st.failed.is_some() || (st.goodbye_sent && st.peer_closed) {
                     return Writing::Finished;
                 }
-                return Writing::Idle { next: self.heartbeat_deadline() };
-            }
-            tick = false;
-            match self.fill(first, batch) {
-                Fill::Ready => {}
-                Fill::Empty => continue,
-                Fill::Stop => return Writing::Finished,
-            }
-            let res = w.write(batch, &ctx);
-            batch.clear();
-            if let Err(e) = res {
-                self.fail(e);
-                return Writing::Finished;
+                drop(st);
+                Writing::Idle { next: self.heartbeat_deadline() }
             }
         }
     }
@@ -221,21 +215,42 @@ impl Driver {
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return,
         };
-        let ctx = WireCtx { shared };
-        // Only ever locked by the thread holding the wire.
+        // What is left (a backlog, the end) is the engine's to act on.
+        let _ = self.write_queued(&mut **w, &WireCtx { shared }, false);
+    }
+
+    /// Stamp and write, through `w` (whose lock the caller holds), what is
+    /// queued, and with `tick` the heartbeat's frame, until the queue is
+    /// empty or the wire keeps a backlog. For writers that never wait (an
+    /// engine's, or a sending thread's for it). A write error fails the
+    /// connection.
+    fn write_queued(&self, w: &mut dyn Wire, ctx: &WireCtx<'_>, tick: bool) -> Written {
+        let shared = &*self.shared;
+        // The connection's one batch: only the thread holding the wire
+        // locks it.
         let mut batch = shared.spare_batch.lock().unwrap_or_else(|p| p.into_inner());
-        while !w.backlog() {
-            let Some(first) = shared.tx.try_pop() else { return };
-            match self.fill_from(Some(first), &mut batch, true) {
+        let mut tick = tick;
+        loop {
+            if w.backlog() {
+                return Written::Backlog;
+            }
+            let first = shared.tx.try_pop();
+            if first.is_none() && !tick {
+                return Written::Drained;
+            }
+            tick = false;
+            // A driver that does not own the queue's end (a sending
+            // thread's) drains it too, holding the wire.
+            match self.fill_from(first, &mut batch, true) {
                 Fill::Ready => {}
                 Fill::Empty => continue,
-                Fill::Stop => return,
+                Fill::Stop => return Written::Stop,
             }
-            let res = w.write(&mut batch, &ctx);
+            let res = w.write(&mut batch, ctx);
             batch.clear();
             if let Err(e) = res {
                 self.fail(e);
-                return;
+                return Written::Stop;
             }
         }
     }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use socket2::Socket;
 use zerocast_link::engine::{Cx, Interest, Step, Task};
-use zerocast_link::{Driver, Frame, Pumped, Writing};
+use zerocast_link::{Driver, Pumped, Writing};
 
 use super::reader::{Attention, Reader};
 use super::writer::TcpWire;
@@ -22,7 +22,6 @@ pub(super) struct ConnTask {
     sock: Arc<Socket>,
     driver: Driver,
     attention: Arc<Attention>,
-    batch: Vec<Frame>,
     /// The peer's window, which sizes the wire's backlog.
     peer_window: usize,
     attached: bool,
@@ -42,12 +41,10 @@ impl ConnTask {
     pub(super) fn new(sock: Arc<Socket>, driver: Driver, frame_timeout: Duration, peer_window: u32) -> Self {
         let attention = Arc::new(Attention::default());
         driver.install_waking_source(Box::new(Reader::new(sock.clone(), frame_timeout, attention.clone())));
-        let max_batch = 2 * peer_window as usize + 2;
         Self {
             sock,
             driver,
             attention,
-            batch: Vec::with_capacity(max_batch),
             peer_window: peer_window as usize,
             attached: false,
             reading: true,
@@ -105,7 +102,7 @@ impl Task for ConnTask {
         }
         let hb_due = tick && self.heartbeat.is_some_and(|t| t <= cx.now());
         if first || cx.woken() || cx.writable() || hb_due || !self.reading {
-            match self.driver.drive_writer(&mut self.batch, hb_due) {
+            match self.driver.drive_writer(hb_due) {
                 Writing::Idle { next } => {
                     self.backlog = false;
                     self.heartbeat = next;

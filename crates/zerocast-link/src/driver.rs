@@ -28,16 +28,7 @@ pub struct Frame {
     pub tag: u32,
 }
 
-/// What [`Driver::wait_item`] found.
-pub(crate) enum Wait {
-    Item(Outgoing),
-    /// A heartbeat interval passed with nothing queued.
-    Tick,
-    /// The writer should stop.
-    Stop,
-}
-
-/// What [`Driver::fill`] made of the queue.
+/// What [`Driver::fill_from`] made of the queue.
 pub(crate) enum Fill {
     /// Frames to write.
     Ready,
@@ -51,9 +42,10 @@ pub(crate) enum Fill {
 #[derive(Clone)]
 pub struct Driver {
     pub(crate) shared: Arc<Shared>,
-    /// The writer's end of the queue; `None` in the copy a [`crate::Link`]
-    /// keeps for reading a [`crate::Source`], which never writes.
-    outgoing: Option<Arc<WriterEnd>>,
+    /// The writer's end of the queue, held only for its drop; `None` in
+    /// the copy a [`crate::Link`] keeps for reading a [`crate::Source`],
+    /// which never writes.
+    _outgoing: Option<Arc<WriterEnd>>,
 }
 
 /// The consuming end of the writer's queue, shared by a backend's driver
@@ -75,46 +67,16 @@ impl fmt::Debug for Driver {
 
 impl Driver {
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
-        Self { outgoing: Some(Arc::new(WriterEnd(shared.clone()))), shared }
+        Self { _outgoing: Some(Arc::new(WriterEnd(shared.clone()))), shared }
     }
 
     /// A driver for reading only (see [`crate::Source`]).
     pub(crate) fn reader(&self) -> Self {
-        Self { shared: self.shared.clone(), outgoing: None }
+        Self { shared: self.shared.clone(), _outgoing: None }
     }
 
-    /// Wait for the next work item, or for a heartbeat tick.
-    pub(crate) fn wait_item(&self) -> Wait {
-        {
-            // Both goodbyes are out (ours in the previous batch, after
-            // the peer's): nothing will be sent or woken for any more.
-            let st = self.shared.lock();
-            if st.failed.is_some() || (st.goodbye_sent && st.peer_closed) {
-                return Wait::Stop;
-            }
-        }
-        if self.outgoing.is_none() {
-            return Wait::Stop;
-        }
-        let deadline = self.shared.heartbeat.map(|hb| {
-            let st = self.shared.lock();
-            (st.last_tx + hb).min(st.last_rx + hb * HEARTBEAT_MISSES)
-        });
-        match self.shared.tx.pop(deadline) {
-            Some(item) => Wait::Item(item),
-            None => Wait::Tick,
-        }
-    }
-
-    /// Stamp `first` and whatever else is queued into `batch`, with the
-    /// credit frame, goodbye or heartbeat that is due.
-    pub(crate) fn fill(&self, first: Option<Outgoing>, batch: &mut Vec<Frame>) -> Fill {
-        self.fill_from(first, batch, self.outgoing.is_some())
-    }
-
-    /// [`Driver::fill`]; `drain`: take more from the queue after `first`
-    /// (a driver that does not write takes only what it is given, unless
-    /// it writes for once, holding the wire: [`Driver::write_queued_here`]).
+    /// Stamp `first` and, with `drain`, whatever else is queued into
+    /// `batch`, with the credit frame, goodbye or heartbeat that is due.
     pub(crate) fn fill_from(&self, first: Option<Outgoing>, batch: &mut Vec<Frame>, drain: bool) -> Fill {
         let mut st = self.shared.lock();
         self.shared.fold_releases(&mut st);
@@ -384,6 +346,12 @@ impl Driver {
     /// The peer, for logs.
     pub fn peer(&self) -> &zerocast_core::Endpoint {
         &self.shared.peer
+    }
+
+    /// Wake the engine task that drives this connection (a backend whose
+    /// device freed room for a backlog, or that has deferred work for it).
+    pub fn wake(&self) {
+        self.shared.kick();
     }
 
     /// Whether the connection failed or both sides said goodbye.

@@ -47,7 +47,7 @@ pub use link::{Link, LinkStats};
 pub use listener::{chain as error_chain, CloseSignal, ListenerCounters};
 pub use recv::{RecvBuf, ReleaseToken};
 pub use repost::{Repost, Reposted};
-pub use source::{Pumped, Source, StepAside};
+pub use source::{Pumped, Source};
 pub use wire::{Wire, WireCtx, Writing};
 
 use std::sync::Arc;

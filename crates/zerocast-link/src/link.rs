@@ -12,7 +12,7 @@ use crate::handoff::Handoff;
 use crate::queue::PushError;
 use crate::recv::RecvBuf;
 use crate::shared::{Delivery, Outgoing, Shared, State};
-use crate::source::{AppReading, Awaited, Pumped};
+use crate::source::{Awaited, Pumped};
 use crate::Driver;
 
 /// The application's handle to one connection. Cheap to clone; every clone
@@ -133,8 +133,7 @@ impl Link {
                     // No credit: read the backend's source once on this
                     // thread, as `try_recv` does, for credits that have
                     // arrived (and send completions). A `try_send` loop
-                    // then polls for itself, and the backend's thread
-                    // steps aside for it (see [`crate::StepAside`]).
+                    // then polls for itself.
                     None if !polled && self.shared.source.0.get().is_some() => {
                         polled = true;
                         drop(st);
@@ -200,7 +199,7 @@ impl Link {
     /// A connection whose backend lets any thread read it (see
     /// [`crate::Source`]) is read on this thread, as a receive would: the
     /// credits the peer returns then wake this very thread, not the
-    /// backend's reader thread, which would have to wake this one. When
+    /// engine, which would have to wake this one. When
     /// another thread reads, or the source is over, wait to be told.
     fn await_credit<'a>(
         &'a self,
@@ -219,10 +218,7 @@ impl Link {
         // ends the wait within one.
         let slice = now + Duration::from_millis(100);
         let until = deadline.map_or(slice, |d| d.min(slice));
-        let pumped = {
-            let _reading = AppReading::enter(&self.shared.app_readers);
-            self.reader.pump_as(Some(until), false, Awaited::Credit)
-        };
+        let pumped = self.reader.pump_as(Some(until), false, Awaited::Credit);
         if pumped.is_none() {
             self.shared.unclaim();
         }
@@ -270,7 +266,6 @@ impl Link {
     /// its deliveries instead.
     fn recv_reading(&self, deadline: Option<Instant>) -> Option<Result<RecvBuf, RecvError>> {
         self.shared.claim();
-        let _reading = AppReading::enter(&self.shared.app_readers);
         let mut busy = 0;
         loop {
             if let Some(d) = self.shared.delivered.try_pop() {
@@ -284,9 +279,9 @@ impl Link {
             let pumped = match self.pump_handing_over(Some(until)) {
                 OwnPump::HandedOver(d) => return Some(self.deliver(d)),
                 OwnPump::Pumped(Some(p)) => p,
-                // The backend's reader thread has the source for a moment;
-                // it steps aside now that this thread is reading.
-                // (Or had it: the lock came free as the flag went down.)
+                // The engine has the source for a moment: its pumps never
+                // wait. (Or had it: the lock came free as the flag went
+                // down.)
                 OwnPump::Pumped(None) if self.shared.bg_pumping.load(Ordering::SeqCst) || busy < 3 => {
                     busy += 1;
                     std::thread::yield_now();
@@ -295,7 +290,6 @@ impl Link {
                 // Another application thread is reading: its deliveries
                 // come through the queue, and once it stops, the engine's.
                 OwnPump::Pumped(None) => {
-                    drop(_reading);
                     return Some(self.recv_behind_another(deadline));
                 }
             };

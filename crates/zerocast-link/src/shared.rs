@@ -1,6 +1,6 @@
 //! State shared by the application handles and the backend's threads.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -92,12 +92,8 @@ pub(crate) struct Shared {
     pub(crate) source: Hook<SourceLock>,
     /// The backend's repost path, when releasing threads may drive it.
     pub(crate) reposter: Hook<Box<dyn Repost>>,
-    /// Application threads reading the source now.
-    pub(crate) app_readers: AtomicUsize,
-    /// The backend's reader thread is pumping the source now.
+    /// The engine is pumping the source now.
     pub(crate) bg_pumping: AtomicBool,
-    /// Pumps by application threads so far (see [`crate::StepAside`]).
-    pub(crate) app_pumps: AtomicU64,
     /// The engine task driving this connection, when an engine does.
     pub(crate) waker: Hook<Waker>,
     /// The engine task is woken and has not yet run: further wake-ups
@@ -177,9 +173,7 @@ impl Shared {
             wire: Hook::default(),
             source: Hook::default(),
             reposter: Hook::default(),
-            app_readers: AtomicUsize::new(0),
             bg_pumping: AtomicBool::new(false),
-            app_pumps: AtomicU64::new(0),
             waker: Hook::default(),
             scheduled: AtomicBool::new(false),
             claimed: AtomicBool::new(false),
@@ -288,9 +282,11 @@ impl Shared {
                 Reposted::Failed(e) => return self.fail(&mut self.lock(), e),
             },
         };
-        // The backend's reposting thread posts it and returns the credit.
-        // If the backend is gone, the buffer simply returns to the pool.
+        // The backend's reposting thread (or engine task, woken here)
+        // posts it and returns the credit. If the backend is gone, the
+        // buffer simply returns to the pool.
         let _ = tx.try_send(Some(buf));
+        self.kick();
     }
 
     /// One received buffer was released (or reposted): return its credit.

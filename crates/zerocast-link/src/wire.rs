@@ -20,7 +20,7 @@ use std::time::Instant;
 use zerocast_core::{ConnError, FrameKind, Reservation};
 use zerocast_mem::Buf;
 
-use crate::driver::{Fill, Wait};
+use crate::driver::Fill;
 use crate::shared::{Shared, State};
 use crate::{Driver, Frame};
 
@@ -121,39 +121,6 @@ pub(crate) type WireLock = Mutex<Box<dyn Wire>>;
 
 fn lock_wire(w: &WireLock) -> MutexGuard<'_, Box<dyn Wire>> {
     w.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Driver {
-    /// Run the writer on this thread, writing through `wire`, which sending
-    /// threads may now use too (see the module docs). Returns when the
-    /// writer should stop: the connection failed (a write error included),
-    /// or both sides said goodbye and everything is written.
-    pub fn run_writer(&self, wire: Box<dyn Wire>) {
-        let shared = &*self.shared;
-        let wire: &WireLock = shared.wire.0.get_or_init(|| Mutex::new(wire));
-        let mut batch = Vec::with_capacity(shared.max_batch + 2);
-        loop {
-            let first = match self.wait_item() {
-                Wait::Item(item) => Some(item),
-                Wait::Tick => None,
-                Wait::Stop => return,
-            };
-            let mut w = lock_wire(wire);
-            match self.fill(first, &mut batch) {
-                Fill::Ready => {}
-                Fill::Empty => continue,
-                Fill::Stop => return,
-            }
-            let res = w.write(&mut batch, &WireCtx { shared });
-            drop(w);
-            // Written: the payloads go back to the pool.
-            batch.clear();
-            if let Err(e) = res {
-                self.fail(e);
-                return;
-            }
-        }
-    }
 }
 
 impl Driver {

@@ -1,57 +1,43 @@
-//! The signal that a connection is closing, for its threads that sleep.
+//! The signal that a connection or listener is closing, for the threads
+//! that sleep on its descriptors.
 //!
-//! A connection's background threads sleep until something happens: the
-//! poller on the completion channel, the rdma_cm watcher on its event
-//! channel, the reposter on its queue. None of them wakes on a timer to
-//! look around, so an idle connection costs no CPU. The one thing that
-//! reaches them otherwise is a close, and this is how: an `eventfd` that
-//! file-descriptor waits include ([`poll_either`]), and a channel that
-//! channel waits select on. Both stay ready once rung.
+//! A receiving thread sleeps on its connection's completion channel, an
+//! accepting thread on its listener's event channel or socket. None of
+//! them wakes on a timer to look around. The one thing that reaches them
+//! otherwise is a close, and this is how: an `eventfd` that their waits
+//! include ([`poll_either`]). It stays readable once rung.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::Mutex;
-
-use crossbeam_channel::{Receiver, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Rung once, when the connection starts closing; ready for ever after.
 #[derive(Debug)]
 pub(crate) struct Closing {
     fd: OwnedFd,
-    /// Dropped when rung, which disconnects [`Closing::channel`].
-    tx: Mutex<Option<Sender<()>>>,
-    rx: Receiver<()>,
+    rung: AtomicBool,
 }
 
 impl Closing {
     pub(crate) fn new() -> io::Result<Self> {
-        // Nothing is ever sent: only the disconnection matters. Not a
-        // zero-capacity channel: a `select!` that blocks on one of those
-        // allocates a packet every time it waits, and the reposter waits
-        // on this channel once per rendezvous message it is handed.
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        Ok(Self { fd: eventfd()?, tx: Mutex::new(Some(tx)), rx })
+        Ok(Self { fd: eventfd()?, rung: AtomicBool::new(false) })
     }
 
     /// Wake every thread waiting on this signal, now and later.
     pub(crate) fn ring(&self) {
-        signal(self.fd.as_raw_fd());
-        drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
+        if !self.rung.swap(true, Ordering::AcqRel) {
+            signal(self.fd.as_raw_fd());
+        }
     }
 
     /// Whether [`Closing::ring`] was called.
     pub(crate) fn is_rung(&self) -> bool {
-        matches!(self.rx.try_recv(), Err(crossbeam_channel::TryRecvError::Disconnected))
+        self.rung.load(Ordering::Acquire)
     }
 
     /// Readable once rung (never read: it stays readable).
     pub(crate) fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
-    }
-
-    /// Disconnected once rung: a `select!` arm on it fires from then on.
-    pub(crate) fn channel(&self) -> &Receiver<()> {
-        &self.rx
     }
 }
 
@@ -100,7 +86,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_rung_signal_wakes_fd_and_channel_waiters_for_good() {
+    fn a_rung_signal_wakes_fd_waiters_for_good() {
         let c = Closing::new().unwrap();
         // A pipe that never becomes readable stands for a quiet channel.
         let mut p = [0; 2];
@@ -109,7 +95,6 @@ mod tests {
         // SAFETY: fresh descriptors, owned here from now on.
         let (r, _w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
         assert!(!poll_either(r.as_raw_fd(), c.fd(), 0).unwrap());
-        assert!(c.channel().recv_timeout(Duration::from_millis(1)).is_err());
         assert!(!c.is_rung());
         let waiter = std::thread::spawn({
             let fd = c.fd();
@@ -130,7 +115,6 @@ mod tests {
             // Still ready: later waits return at once.
             let start = Instant::now();
             assert!(!poll_either(r.as_raw_fd(), c.fd(), 10_000).unwrap());
-            assert_eq!(c.channel().recv(), Err(crossbeam_channel::RecvError));
             assert!(start.elapsed() < Duration::from_secs(5));
             assert!(c.is_rung());
         }

@@ -6,6 +6,7 @@ use std::ffi::CStr;
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::raw::c_int;
 use std::ptr::{self, NonNull};
 use std::sync::{Arc, OnceLock};
@@ -207,6 +208,13 @@ impl EventChannel {
             };
             crate::closing::poll_either(self.fd(), closing.fd(), ms)?;
         }
+    }
+}
+
+impl AsFd for EventChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the channel's descriptor stays open as long as `self`.
+        unsafe { BorrowedFd::borrow_raw(self.fd()) }
     }
 }
 

@@ -76,6 +76,11 @@ impl<T> SendRing<T> {
         (self.tail - self.head) as usize
     }
 
+    /// Sends that may be reserved now.
+    pub(crate) fn room(&self) -> usize {
+        self.slots.len() - self.outstanding()
+    }
+
     pub(crate) fn is_full(&self) -> bool {
         self.outstanding() == self.slots.len()
     }

@@ -94,23 +94,40 @@ impl CompletionQueue {
     /// Wait up to `ms` for a completion event and acknowledge it. Returns
     /// whether one came. Without a channel, sleeps briefly instead.
     pub(crate) fn wait(&self, ms: c_int) -> io::Result<bool> {
-        let Some(ch) = self.channel else {
-            std::thread::yield_now();
-            return Ok(false);
-        };
         if !self.readable(ms)? {
             return Ok(false);
         }
+        Ok(self.take_event())
+    }
+
+    /// [`Self::wait`], also returning (with `false`) once `closing` is rung.
+    pub(crate) fn wait_or_closing(&self, closing: &crate::closing::Closing, ms: c_int) -> io::Result<bool> {
+        let Some(fd) = self.channel_fd() else {
+            std::thread::yield_now();
+            return Ok(false);
+        };
+        if !crate::closing::poll_either(fd, closing.fd(), ms)? {
+            return Ok(false);
+        }
+        Ok(self.take_event())
+    }
+
+    /// Take and acknowledge one pending completion event, if there is one.
+    fn take_event(&self) -> bool {
+        let Some(ch) = self.channel else {
+            std::thread::yield_now();
+            return false;
+        };
         let mut cq: *mut ibv_cq = ptr::null_mut();
         let mut ctx = ptr::null_mut();
         // SAFETY: live channel, valid out-pointers; the fd is non-blocking.
         let rc = unsafe { ibv_get_cq_event(ch.as_ptr(), &mut cq, &mut ctx) };
         if rc != 0 {
-            return Ok(false);
+            return false;
         }
         // SAFETY: `cq` is this CQ (the only one on the channel); ack the one event.
         unsafe { ibv_ack_cq_events(cq, 1) };
-        Ok(true)
+        true
     }
 
     /// Whether a completion event is waiting on the channel, waiting up to
@@ -121,25 +138,17 @@ impl CompletionQueue {
         poll_readable(fd, ms)
     }
 
-    /// [`Self::readable`], also returning once `closing` is rung; `ms`
-    /// negative: no limit. Without a channel: `false` at once.
-    pub(crate) fn readable_or_closing(
-        &self,
-        closing: &crate::closing::Closing,
-        ms: c_int,
-    ) -> io::Result<bool> {
-        let Some(fd) = self.channel_fd() else { return Ok(false) };
-        crate::closing::poll_either(fd, closing.fd(), ms)
+    /// The completion channel, for an engine to wait on (readable while a
+    /// completion event is pending).
+    pub(crate) fn channel(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        // SAFETY: the channel's descriptor stays open as long as `self`.
+        self.channel_fd().map(|fd| unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
     }
 
     /// The completion channel's descriptor, if there is a channel.
     fn channel_fd(&self) -> Option<c_int> {
         // SAFETY: the channel lives as long as `self`.
         self.channel.map(|ch| unsafe { (*ch.as_ptr()).fd })
-    }
-
-    pub(crate) fn has_channel(&self) -> bool {
-        self.channel.is_some()
     }
 }
 

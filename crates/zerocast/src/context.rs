@@ -137,7 +137,8 @@ pub struct Zerocast {
 struct Inner {
     cfg: Config,
     pool: Retry<Pool>,
-    /// The engines of the TCP and in-process transports (started on first use).
+    /// The engines of the TCP, in-process and RC transports (started on
+    /// first use).
     #[cfg(any(feature = "tcp", feature = "mem"))]
     engines: Retry<zerocast_link::engine::Engines>,
     /// The RC transport, with its own registered pool (created on first use).
@@ -349,7 +350,8 @@ impl Zerocast {
         }
         let link = self.inner.cfg.link.with_max_payload(max_payload);
         let cfg = self.inner.cfg.rc.clone().with_link(link);
-        let t = zerocast_rdma::RcTransport::new(cfg, larger_pool(&self.inner.cfg.pool, max_payload))?;
+        let pool = larger_pool(&self.inner.cfg.pool, max_payload);
+        let t = zerocast_rdma::RcTransport::with_engines(cfg, pool, self.engines()?)?;
         larger.push((max_payload, t.clone()));
         Ok(t)
     }
@@ -362,7 +364,7 @@ impl Zerocast {
     pub fn rc(&self) -> Result<zerocast_rdma::RcTransport, ConnectError> {
         self.inner.rc.get_or_try(|| {
             let cfg = self.inner.cfg.rc.clone().with_link(self.inner.cfg.link);
-            zerocast_rdma::RcTransport::new(cfg, self.inner.cfg.pool.clone())
+            zerocast_rdma::RcTransport::with_engines(cfg, self.inner.cfg.pool.clone(), self.engines()?)
         })
     }
 

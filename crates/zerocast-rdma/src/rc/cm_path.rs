@@ -7,12 +7,14 @@
 //! `rdma_accept` with our hello → ESTABLISHED.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_sys::{rdma_cm_event_type as ev, rdma_conn_param};
 use zerocast_core::{AcceptError, ConnError, ConnectError, Endpoint, Hello, LinkConfig};
+use zerocast_link::engine::{Cx, Interest, Step, Task};
 use zerocast_link::{Driver, ListenerCounters};
 
 use super::srq::{Member, SharedRecv};
@@ -183,7 +185,7 @@ pub(super) fn connect(
     let data = e.private_data();
     drop(e);
     let hello = peer_hello(&data, ep)?;
-    t.finish(io, link, hello, ep.clone())
+    t.finish(t.inner.engines.pick(), io, link, hello, ep.clone())
 }
 
 /// The rdma_cm listener of `rc://`.
@@ -309,7 +311,7 @@ impl CmListener {
             return Err(verbs_err("rdma_accept", rc));
         }
         drop(expect(&ch, ev::RDMA_CM_EVENT_ESTABLISHED, deadline, "accepting")?);
-        t.finish(io, self.link, hello, peer)
+        t.finish(t.inner.engines.pick(), io, self.link, hello, peer)
     }
 }
 
@@ -325,53 +327,77 @@ fn peer_endpoint(id: &CmId, local: &Endpoint) -> Endpoint {
     Endpoint::parse(&format!("{}://{sa}", local.scheme())).unwrap_or_else(|_| local.clone())
 }
 
-/// The connection's rdma_cm events after setup: a DISCONNECTED from the
-/// peer ends the connection (its receives flush; if the peer never said
-/// goodbye, that is a [`RcError::PeerDisconnected`]). Asleep until an
-/// event comes or the connection closes; once closing, it waits for the
-/// DISCONNECTED in slices, at most ten seconds.
-pub(super) fn watch(id: &Arc<CmId>, io: &Arc<Io>, driver: &Driver) {
-    let mut closing_since: Option<Instant> = None;
-    loop {
-        let next = if io.is_closing() {
-            id.channel().get(Some(Duration::from_millis(100)))
-        } else {
-            id.channel().get_or_closing(io.close_signal())
-        };
-        match next {
-            Ok(Some(e)) => match e.kind() {
-                ev::RDMA_CM_EVENT_DISCONNECTED => {
-                    drop(e);
-                    io.mark_peer_disconnected();
-                    if !io.is_closing() {
+/// The connection's rdma_cm events after setup, as an engine task: a
+/// DISCONNECTED from the peer ends the connection (its receives flush; if
+/// the peer never said goodbye, that is a [`RcError::PeerDisconnected`]).
+/// It runs when an event comes or the connection closes; once closing, it
+/// waits at most ten seconds more for the DISCONNECTED.
+pub(super) struct Watch {
+    id: Arc<CmId>,
+    io: Arc<Io>,
+    driver: Driver,
+    registered: bool,
+    closing_since: Option<Instant>,
+}
+
+/// How long, after our close, the DISCONNECTED may take.
+const CLOSE_PATIENCE: Duration = Duration::from_secs(10);
+
+impl Watch {
+    pub(super) fn new(id: Arc<CmId>, io: Arc<Io>, driver: Driver) -> Self {
+        Self { id, io, driver, registered: false, closing_since: None }
+    }
+}
+
+impl Task for Watch {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.id.channel().as_fd())
+    }
+
+    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
+        let io = &self.io;
+        if !self.registered {
+            io.wake_on_close(cx.waker());
+            self.registered = true;
+        }
+        loop {
+            match self.id.channel().get(Some(Duration::ZERO)) {
+                Ok(Some(e)) => match e.kind() {
+                    ev::RDMA_CM_EVENT_DISCONNECTED => {
+                        drop(e);
+                        io.mark_peer_disconnected();
+                        if !io.is_closing() {
+                            io.close();
+                        }
+                        return Step::Done;
+                    }
+                    ev::RDMA_CM_EVENT_DEVICE_REMOVAL => {
+                        drop(e);
+                        self.driver.fail(ConnError::transport(RcError::Cm {
+                            step: "connected",
+                            event: "RDMA_CM_EVENT_DEVICE_REMOVAL".into(),
+                            status: 0,
+                        }));
                         io.close();
+                        return Step::Done;
                     }
-                    return;
+                    _ => tracing::debug!(event = %e.name(), "rc connection: event"),
+                },
+                Ok(None) => break,
+                Err(err) => {
+                    tracing::debug!(error = %err, "rc connection: event channel failed");
+                    return Step::Done;
                 }
-                ev::RDMA_CM_EVENT_DEVICE_REMOVAL => {
-                    drop(e);
-                    driver.fail(ConnError::transport(RcError::Cm {
-                        step: "connected",
-                        event: "RDMA_CM_EVENT_DEVICE_REMOVAL".into(),
-                        status: 0,
-                    }));
-                    io.close();
-                    return;
-                }
-                _ => tracing::debug!(event = %e.name(), "rc connection: event"),
-            },
-            Ok(None) => {
-                if io.is_closing() {
-                    let since = *closing_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() > Duration::from_secs(10) {
-                        return;
-                    }
-                }
-            }
-            Err(err) => {
-                tracing::debug!(error = %err, "rc connection: event channel failed");
-                return;
             }
         }
+        if io.is_closing() {
+            let since = *self.closing_since.get_or_insert(cx.now());
+            if cx.now().duration_since(since) > CLOSE_PATIENCE {
+                return Step::Done;
+            }
+            cx.set_timer(Some(since + CLOSE_PATIENCE));
+        }
+        cx.set_interest(Interest { read: true, write: false });
+        Step::Continue
     }
 }

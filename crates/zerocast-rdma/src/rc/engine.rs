@@ -1,12 +1,13 @@
-//! The data path of an RC connection: posted buffers, the poller, the
-//! sender and the reposter, driving a [`zerocast_link::Driver`].
+//! The data path of an RC connection: posted buffers, the CQ, the send
+//! queue and the reposts, driving a [`zerocast_link::Driver`] from an
+//! engine task (see `task`).
 //!
 //! Application threads drive it too: a send posts its own work request
 //! when the link allows (the send queue is a [`zerocast_link::Wire`], see
 //! `send`), a receive polls the CQ itself (a [`zerocast_link::Source`], see
 //! `poll`), and dropping a received message posts its buffer again at once
-//! ([`zerocast_link::Repost`]). The threads cover whatever no application
-//! thread is doing.
+//! ([`zerocast_link::Repost`]). The engine task covers whatever no
+//! application thread is doing.
 //!
 //! Ownership: every posted buffer sits in an in-flight table keyed by its
 //! `wr_id` slot until its completion is polled. A receive is one scatter
@@ -21,12 +22,12 @@
 
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rdma_sys::{ibv_recv_wr, ibv_sge};
 use zerocast_core::ConnError;
+use zerocast_link::engine::{Engine, Waker};
 use zerocast_link::{Driver, Repost, Reposted, Reposts};
 use zerocast_mem::{Buf, Pool, Wait};
 
@@ -54,8 +55,9 @@ struct RecvTable {
 mod completion;
 mod poll;
 mod send;
+mod task;
 
-use send::{sender, SendTable};
+use send::SendTable;
 
 /// Everything a connection's threads share. Field order is drop order: the
 /// QP goes first, so no buffer in the tables is still in the device's hands
@@ -73,7 +75,16 @@ pub(crate) struct Io {
     send_desc: HeaderSlab,
     recv: Mutex<RecvTable>,
     send: Mutex<SendTable>,
-    send_cv: Condvar,
+    /// The engine task waits for a completion (a send's or a rendezvous
+    /// finish's): room for its backlog, or the end of its lingering. The
+    /// handler of such a completion clears it and wakes the task.
+    wake_on_completion: AtomicBool,
+    /// The engine task pumps the CQ now: the source arms the CQ and takes
+    /// its events even in busy-poll mode (where receiving threads spin and
+    /// leave the channel alone).
+    engine_pumping: AtomicBool,
+    /// The connection's engine tasks, woken by [`Io::close`].
+    tasks: Mutex<Vec<Waker>>,
     /// One-sided requests in flight (see `one_sided`).
     one_sided: one_sided::Table,
     /// WRITEs with immediate queued on the link (see `write_imm`).
@@ -148,7 +159,9 @@ impl Io {
                 closing: false,
             }),
             send: Mutex::new(SendTable::new(sizes.send_depth)),
-            send_cv: Condvar::new(),
+            wake_on_completion: AtomicBool::new(false),
+            engine_pumping: AtomicBool::new(false),
+            tasks: Mutex::new(Vec::new()),
             one_sided: one_sided::Table::new(),
             imm_ops: ImmOps::new(sizes.send_depth),
             pool,
@@ -201,7 +214,7 @@ impl Io {
     }
 
     /// Post `buf` as a receive, in a free slot. The table lock is held, so
-    /// the poller cannot see the completion before the slot is filled.
+    /// no poll sees the completion before the slot is filled.
     fn post_recv_locked(&self, t: &mut RecvTable, buf: Buf) -> Result<(), RcError> {
         if let Some(m) = &self.srq {
             return m.shared().repost(buf);
@@ -233,18 +246,23 @@ impl Io {
         }
     }
 
-    /// Repost a released buffer (or a fresh one) and return its credit.
-    /// A rendezvous message's buffer is of another size: it goes back to
-    /// the pool, and a receive buffer takes its place.
-    fn repost(&self, driver: &Driver, buf: Option<Buf>) -> Result<(), RcError> {
+    /// Repost a released buffer (or a fresh one) and return its credit,
+    /// without waiting. A rendezvous message's buffer is of another size:
+    /// it goes back to the pool, and a receive buffer takes its place.
+    /// `false`: the pool had none to spare now (nothing was posted).
+    fn try_repost(&self, driver: &Driver, buf: Option<Buf>) -> Result<bool, RcError> {
         let buf = match buf {
             Some(b) if b.capacity() == self.buf_size => b,
-            _ => self.fresh_buf()?,
+            _ => match self.pool.alloc(self.buf_size, Wait::No) {
+                Ok(b) => b,
+                Err(zerocast_mem::PoolError::Exhausted { .. }) => return Ok(false),
+                Err(source) => return Err(RcError::Pool { what: "a receive", len: self.buf_size, source }),
+            },
         };
         {
             let mut t = lock(&self.recv);
             if t.closing {
-                return Ok(());
+                return Ok(true);
             }
             if self.ignore_credits {
                 // Test-only: return the credit without a receive behind it.
@@ -254,16 +272,26 @@ impl Io {
             }
         }
         driver.on_reposted();
-        Ok(())
+        Ok(true)
+    }
+
+    /// The error of a receive that found no pool buffer for too long.
+    fn pool_exhausted(&self) -> RcError {
+        let source = self
+            .pool
+            .alloc(self.buf_size, Wait::No)
+            .err()
+            .unwrap_or(zerocast_mem::PoolError::Exhausted { cap: self.pool.config().max_bytes });
+        RcError::Pool { what: "a receive", len: self.buf_size, source }
     }
 
     /// Stop posting receives and put the QP into the error state, so every
     /// posted work request completes (flushed) and its buffer comes back.
     pub(crate) fn close(&self) {
-        // The flag first: whoever sees `RecvTable::closing` (the poller,
+        // The flag first: whoever sees `RecvTable::closing` (the engine task,
         // deciding it is drained) also sees this, so a one-sided request
         // checking it under its table's lock is either refused or counted
-        // as outstanding, never posted after the poller stopped.
+        // as outstanding, never posted after the engine task stopped.
         self.closing.store(true, Ordering::Release);
         lock(&self.recv).closing = true;
         if let Some(id) = self.qp.cm() {
@@ -273,10 +301,11 @@ impl Io {
         if let Err(e) = self.qp.to_error() {
             tracing::debug!(error = %e, "moving the QP to the error state failed");
         }
-        self.send_cv.notify_all();
         self.one_sided.wake();
-        self.rendezvous.wake();
         self.close_signal.ring();
+        for task in lock(&self.tasks).iter() {
+            task.wake();
+        }
     }
 
     /// Keep `buf`, which the device may still own, until this connection's
@@ -297,6 +326,27 @@ impl Io {
     /// Rung when the connection starts closing (see [`Closing`]).
     pub(crate) fn close_signal(&self) -> &Closing {
         &self.close_signal
+    }
+
+    /// Wake the engine task at the next completion of a send or of a
+    /// rendezvous finish (see [`Io::completed`]).
+    pub(crate) fn wait_for_completion(&self) {
+        self.wake_on_completion.store(true, Ordering::SeqCst);
+    }
+
+    /// A send or a rendezvous finish completed, its table updated under
+    /// its lock: wake the engine task if it waits for that.
+    pub(crate) fn completed(&self, driver: &Driver) {
+        if self.wake_on_completion.load(Ordering::Relaxed)
+            && self.wake_on_completion.swap(false, Ordering::SeqCst)
+        {
+            driver.wake();
+        }
+    }
+
+    /// Wake `task` when the connection closes.
+    pub(crate) fn wake_on_close(&self, task: Waker) {
+        lock(&self.tasks).push(task);
     }
 
     pub(crate) fn mark_peer_disconnected(&self) {
@@ -320,30 +370,13 @@ impl Io {
     }
 }
 
-/// Start the threads of an established connection, and let application
+/// Put an established connection on `engine`, and let application
 /// threads post sends, poll the CQ and repost receives themselves (see
 /// ARCHITECTURE.md, "caller-driven I/O").
-pub(crate) fn spawn(io: &Arc<Io>, driver: Driver, reposts: Reposts) -> std::io::Result<()> {
-    let name = |n: &str| format!("zerocast-rc-{n}");
+pub(crate) fn register(engine: &Engine, io: &Arc<Io>, driver: Driver, reposts: Reposts, peer_window: u32) {
     driver.install_source(Box::new(poll::RcSource::new(io.clone())));
     driver.install_reposter(Box::new(Reposter(io.clone())));
-    let (i, d) = (io.clone(), driver.clone());
-    // Each thread sets up its buffer caches before its first message.
-    thread::Builder::new().name(name("poll")).spawn(move || {
-        d.pool().prepare_thread();
-        poll::poller(&i, &d)
-    })?;
-    let (i, d) = (io.clone(), driver.clone());
-    thread::Builder::new().name(name("repost")).spawn(move || {
-        d.pool().prepare_thread();
-        reposter(&i, &d, &reposts)
-    })?;
-    let i = io.clone();
-    thread::Builder::new().name(name("tx")).spawn(move || {
-        driver.pool().prepare_thread();
-        sender(&i, &driver)
-    })?;
-    Ok(())
+    engine.register(Box::new(task::RcTask::new(io.clone(), driver, reposts, peer_window)));
 }
 
 /// Reposts a released receive buffer on the thread that released it, when
@@ -368,25 +401,6 @@ impl Repost for Reposter {
                 io.close();
                 Reposted::Failed(ConnError::transport(e))
             }
-        }
-    }
-}
-
-/// Reposts what releasing threads hand on (see [`Reposter`]), asleep
-/// until there is some, or until the connection closes.
-fn reposter(io: &Io, driver: &Driver, reposts: &Reposts) {
-    loop {
-        crossbeam_channel::select! {
-            recv(reposts) -> buf => {
-                let Ok(buf) = buf else { return };
-                if let Err(e) = io.repost(driver, buf) {
-                    driver.fail(ConnError::transport(e));
-                    io.close();
-                }
-            }
-            // Disconnected once the connection closes: what is still
-            // queued goes back to the pool with the channel.
-            recv(io.close_signal().channel()) -> _ => return,
         }
     }
 }

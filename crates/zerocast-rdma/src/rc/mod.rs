@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use zerocast_core::{
     AcceptError, Caps, ConnError, ConnectError, Endpoint, Hello, LinkConfig, ListenerStats, Scheme,
 };
+use zerocast_link::engine::{Engine, Engines};
 use zerocast_link::{Flavor, LinkSetup, ListenerCounters};
 use zerocast_mem::{Pool, PoolConfig};
 
@@ -71,15 +72,17 @@ impl Flavor for Rc {
 /// An `rc://` or `rc+oob://` connection.
 pub type RcConnection = zerocast_link::Connection<Rc>;
 
-/// How completions are waited for, by a receiving thread and by the
-/// connection's poller thread.
+/// How a receiving thread waits for completions. The engine, which polls
+/// while no application thread does, sleeps on the CQ's completion
+/// channel in either mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CompletionMode {
-    /// Spin on the CQ (lowest latency: a receiving thread spins, and the
-    /// poller thread spins while none does).
+    /// Spin on the CQ (lowest latency: a receiving thread spins until its
+    /// message or its deadline, the way `ib_send_lat` does).
     BusyPoll,
-    /// Spin briefly, then sleep on a completion channel (`ibv_get_cq_event`).
+    /// Spin briefly, then sleep on the completion channel
+    /// (`ibv_get_cq_event`).
     Channel,
 }
 
@@ -332,6 +335,8 @@ pub fn pool_config_for(base: &PoolConfig, link: &LinkConfig, eager_limit: usize)
 }
 
 struct Inner {
+    /// The engines connections run on.
+    engines: Engines,
     device: Device,
     pd: Arc<ProtectionDomain>,
     pool: Pool,
@@ -362,8 +367,17 @@ fn transport_err(
 impl RcTransport {
     /// Open the device (the one rdma_cm uses), allocate a protection domain
     /// and a pool registered in it, shaped by `pool` (classes up to
-    /// `cfg.link.max_payload` are added).
+    /// `cfg.link.max_payload` are added). Connections run on an engine of
+    /// this transport's own.
     pub fn new(cfg: RcConfig, pool: PoolConfig) -> Result<Self, ConnectError> {
+        let engines = Engines::start("zerocast-rc", 1)
+            .map_err(|e| ConnectError::Io { endpoint: "rc engine".into(), source: e })?;
+        Self::with_engines(cfg, pool, engines)
+    }
+
+    /// [`RcTransport::new`], with connections on `engines` (which other
+    /// transports may share).
+    pub fn with_engines(cfg: RcConfig, pool: PoolConfig, engines: Engines) -> Result<Self, ConnectError> {
         cfg.validate().map_err(transport_err)?;
         let device = open_cm_device(cfg.device.as_deref()).map_err(transport_err)?;
         let pd = device.alloc_pd().map_err(transport_err)?;
@@ -373,7 +387,7 @@ impl RcTransport {
         log_device(&device, &pd, cfg.max_inline);
         let events =
             AsyncEvents::new(device.context()).map_err(|e| transport_err(RcError::verbs("eventfd", e)))?;
-        Ok(Self { inner: Arc::new(Inner { device, pd, pool, cfg, events }) })
+        Ok(Self { inner: Arc::new(Inner { engines, device, pd, pool, cfg, events }) })
     }
 
     /// The registered pool every connection of this transport uses.
@@ -437,8 +451,8 @@ impl RcTransport {
             + one_sided::ONE_SIDED_SLOTS
             + rendezvous::SQ_EXTRA
             + 1;
-        let channel = self.inner.cfg.completion == CompletionMode::Channel;
-        CompletionQueue::new(self.inner.pd.context(), depth, channel)
+        // With a channel in either mode: the engine sleeps on it.
+        CompletionQueue::new(self.inner.pd.context(), depth, true)
             .map_err(|e| RcError::verbs("ibv_create_cq", e))
     }
 
@@ -494,9 +508,12 @@ impl RcTransport {
         )
     }
 
-    /// Build the connection on an established QP: the link engine and its threads.
+    /// Build the connection on an established QP: the link, driven from
+    /// `engine` by the connection's task (and, for `rc://`, its rdma_cm
+    /// watch).
     fn finish(
         &self,
+        engine: &Engine,
         io: Arc<Io>,
         link: LinkConfig,
         peer_hello: Hello,
@@ -520,14 +537,9 @@ impl RcTransport {
             return Err(handshake(ConnError::Unsupported("link without reposts")));
         };
         if let Some(id) = io.qp().cm().cloned() {
-            let (i, d) = (io.clone(), driver.clone());
-            std::thread::Builder::new()
-                .name("zerocast-rc-cm".into())
-                .spawn(move || cm_path::watch(&id, &i, &d))
-                .map_err(|e| ConnectError::Io { endpoint: peer.to_string(), source: e })?;
+            engine.register(Box::new(cm_path::Watch::new(id, io.clone(), driver.clone())));
         }
-        engine::spawn(&io, driver, reposts)
-            .map_err(|e| ConnectError::Io { endpoint: peer.to_string(), source: e })?;
+        engine::register(engine, &io, driver, reposts, peer_hello.window);
         tracing::debug!(%peer, window = link.recv_window, peer_window = peer_hello.window, "rc connection up");
         Ok(RcConnection::new(link_half, Resources(io)))
     }

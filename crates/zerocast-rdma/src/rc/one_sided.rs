@@ -5,7 +5,7 @@
 //! with `wr_id = ONE_SIDED_BIT | slot`. The caller blocks while the request
 //! is in flight and holds the local buffer meanwhile, so the buffer cannot
 //! be dropped or reused before the CQ has yielded the
-//! request's completion (or the poller gave up on a dead QP). At most [`ONE_SIDED_SLOTS`] operations are
+//! request's completion (or the engine task gave up on a dead QP). At most [`ONE_SIDED_SLOTS`] operations are
 //! in flight per connection: the slots are the semaphore, and the send
 //! queue and CQ are sized with that many extra entries, so a one-sided
 //! request can neither overflow the send queue nor overrun the CQ.

@@ -8,12 +8,13 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdma_sys::{ibv_access_flags, ibv_gid, ibv_qp_attr, ibv_qp_attr_mask as m, ibv_qp_state};
 use zerocast_core::{AcceptError, ConnError, ConnectError, Endpoint, Hello, LinkConfig};
+use zerocast_link::engine::{Cx, Interest, Step, Task};
 use zerocast_link::ListenerCounters;
 
 use super::engine::Io;
@@ -21,6 +22,9 @@ use super::srq::SharedRecv;
 use super::{resolve, transport_err, RcConnection, RcError, RcTransport};
 use crate::closing::Closing;
 use crate::verbs::QueuePair;
+
+/// How long, after our close, the peer has to close its side channel.
+const CLOSE_PATIENCE: Duration = Duration::from_secs(10);
 
 const MAGIC: &[u8; 4] = b"ZCOB";
 /// A listener's answer instead of its [`OobInfo`] when its shared receive
@@ -282,59 +286,71 @@ fn establish(
         return Err(handshake(ConnError::Handshake(zerocast_core::HandshakeError::NotHello)));
     }
     tracing::debug!(%peer, qpn, peer_qpn = theirs.qpn, gid_index = local.gid_index, "rc+oob QP in RTS");
-    let conn = t.finish(Arc::clone(&io), link, theirs.hello, peer)?;
+    let engine = t.inner.engines.pick().clone();
+    let conn = t.finish(&engine, Arc::clone(&io), link, theirs.hello, peer.clone())?;
     // The side channel plays rdma_cm's DISCONNECTED: each side shuts it
     // down when its QP is closed, and the peer closes its own on seeing that.
-    let _ = sock.set_read_timeout(Some(Duration::from_millis(20)));
-    std::thread::Builder::new()
-        .name("zerocast-rc-oob".into())
-        .spawn(move || watch(sock, &io))
+    sock.set_nonblocking(true)
         .map_err(|e| ConnectError::Io { endpoint: "rc+oob side channel".into(), source: e })?;
+    engine.register(Box::new(Watch { sock, io, registered: false, shut_at: None }));
     Ok(conn)
 }
 
-/// Watch the side channel: end-of-file from the peer closes the QP (the
-/// peer said goodbye and closed, or died); our own close shuts it down.
-/// Asleep until the socket has something or the connection closes; once
-/// closing, it reads in slices, waiting at most ten seconds for the peer.
-fn watch(mut sock: TcpStream, io: &Io) {
-    let mut shut_at: Option<Instant> = None;
-    let mut b = [0u8; 16];
-    loop {
-        if !io.is_closing() {
-            match crate::closing::poll_either(sock.as_raw_fd(), io.close_signal().fd(), -1) {
-                // Readable: the read below returns at once.
-                Ok(true) => {}
-                // Closing (or interrupted): look again.
-                Ok(false) => continue,
-                Err(_) => break,
+/// Watches the side channel, as an engine task: end-of-file from the peer
+/// closes the QP (the peer said goodbye and closed, or died); our own
+/// close shuts it down, and the peer then has ten seconds to close its
+/// own.
+struct Watch {
+    sock: TcpStream,
+    io: Arc<Io>,
+    registered: bool,
+    shut_at: Option<Instant>,
+}
+
+impl Watch {
+    fn peer_gone(&self) -> Step {
+        self.io.mark_peer_disconnected();
+        if !self.io.is_closing() {
+            self.io.close();
+        }
+        let _ = self.sock.shutdown(Shutdown::Both);
+        Step::Done
+    }
+}
+
+impl Task for Watch {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.sock.as_fd())
+    }
+
+    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
+        if !self.registered {
+            self.io.wake_on_close(cx.waker());
+            self.registered = true;
+        }
+        let mut b = [0u8; 16];
+        loop {
+            match (&self.sock).read(&mut b) {
+                Ok(0) => return self.peer_gone(),
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(_) => return self.peer_gone(),
             }
         }
-        match sock.read(&mut b) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                ) => {}
-            Err(_) => break,
-        }
-        if io.is_closing() {
-            let at = *shut_at.get_or_insert_with(|| {
-                let _ = sock.shutdown(Shutdown::Write);
-                Instant::now()
+        if self.io.is_closing() {
+            let at = *self.shut_at.get_or_insert_with(|| {
+                let _ = self.sock.shutdown(Shutdown::Write);
+                cx.now()
             });
-            if at.elapsed() > Duration::from_secs(10) {
-                return;
+            if cx.now().duration_since(at) > CLOSE_PATIENCE {
+                return Step::Done;
             }
+            cx.set_timer(Some(at + CLOSE_PATIENCE));
         }
+        cx.set_interest(Interest { read: true, write: false });
+        Step::Continue
     }
-    io.mark_peer_disconnected();
-    if !io.is_closing() {
-        io.close();
-    }
-    let _ = sock.shutdown(Shutdown::Both);
 }
 
 pub(super) fn connect(

@@ -37,7 +37,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rdma_sys::{ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc_status, ibv_wr_opcode};
@@ -179,7 +179,6 @@ struct Inbound {
 pub(crate) struct Rendezvous {
     /// Our payloads the peer reads, with their grants, oldest first.
     outbound: Mutex<VecDeque<Lent>>,
-    outbound_cv: Condvar,
     inbound: Mutex<Inbound>,
     /// Frames are held behind a rendezvous: `inbound` has a READ active or
     /// frames held. Written and read only by the thread polling the CQ,
@@ -206,7 +205,6 @@ impl Rendezvous {
         finish.write(0, &Header::new(FrameKind::Rendezvous, 0, 0, 0).encode());
         Self {
             outbound: Mutex::new(VecDeque::with_capacity(MAX_PENDING)),
-            outbound_cv: Condvar::new(),
             inbound: Mutex::new(Inbound {
                 active: None,
                 held: VecDeque::with_capacity(held_capacity),
@@ -230,23 +228,9 @@ impl Rendezvous {
         len > self.peer_eager.load(Ordering::Acquire)
     }
 
-    /// Wait until a rendezvous may be started; how many may. `None` once
-    /// the connection is closing.
-    pub(crate) fn wait_free(&self, closing: impl Fn() -> bool) -> Option<usize> {
-        let mut q = lock(&self.outbound);
-        loop {
-            if closing() {
-                return None;
-            }
-            if q.len() < MAX_PENDING {
-                return Some(MAX_PENDING - q.len());
-            }
-            q = self
-                .outbound_cv
-                .wait_timeout(q, Duration::from_millis(20))
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
+    /// How many rendezvous may be started now.
+    pub(crate) fn free(&self) -> usize {
+        MAX_PENDING.saturating_sub(lock(&self.outbound).len())
     }
 
     /// Keep a payload and its grant until the peer's finish for it
@@ -259,7 +243,6 @@ impl Rendezvous {
     /// release it (outside the lock: deregistering is a system call).
     pub(crate) fn on_finish(&self) -> Result<(), RcError> {
         let lent = lock(&self.outbound).pop_front();
-        self.outbound_cv.notify_all();
         match lent {
             Some(lent) => {
                 drop(lent);
@@ -272,11 +255,6 @@ impl Rendezvous {
     /// Whether the peer still has payloads of ours to read.
     pub(crate) fn has_outbound(&self) -> bool {
         !lock(&self.outbound).is_empty()
-    }
-
-    /// Wake a sender waiting in [`Rendezvous::wait_free`] (closing).
-    pub(crate) fn wake(&self) {
-        self.outbound_cv.notify_all();
     }
 
     /// No READ or finish of ours is in the device's hands.
@@ -302,11 +280,10 @@ impl Rendezvous {
         st.starved_since = None;
         self.holding.store(false, Ordering::Relaxed);
         self.starved.store(false, Ordering::Relaxed);
-        self.outbound_cv.notify_all();
     }
 
     /// A rendezvous waits for a pool buffer: pumps must try again, and the
-    /// poller must not sleep without a timeout.
+    /// engine task must look again on a timer.
     #[inline]
     pub(crate) fn is_starved(&self) -> bool {
         self.starved.load(Ordering::Relaxed)

@@ -69,12 +69,8 @@ pub(super) fn on_completion(io: &Io, driver: &Driver, wc: &ibv_wc) {
             on_error(io, driver, wc.status, wc.vendor_err);
         }
     } else {
-        let mut t = lock(&io.send);
-        t.ring.complete_through(wc.wr_id);
-        if t.waiters > 0 {
-            io.send_cv.notify_all();
-        }
-        drop(t);
+        lock(&io.send).ring.complete_through(wc.wr_id);
+        io.completed(driver);
         if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
             on_error(io, driver, wc.status, wc.vendor_err);
         }
@@ -132,7 +128,9 @@ fn on_receive(io: &Io, driver: &Driver, wc: &ibv_wc, mut buf: Buf) -> Result<(),
             // A finish: outside the credit window, its receive is one of
             // those kept for finishes and goes back at once.
             repost_now(buf)?;
-            io.rendezvous.on_finish().map_err(ConnError::transport)
+            io.rendezvous.on_finish().map_err(ConnError::transport)?;
+            io.completed(driver);
+            Ok(())
         }
         FrameKind::Rendezvous => {
             let d =

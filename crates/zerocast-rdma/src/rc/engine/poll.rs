@@ -1,11 +1,11 @@
 //! Polling the CQ: by a receiving application thread when there is one,
-//! by the connection's poller thread otherwise.
+//! by the connection's engine task otherwise.
 //!
 //! The CQ is a [`Source`]: [`crate::rc::RcConnection`]'s `recv` polls it on
 //! the calling thread, so a message is taken off the CQ by the thread that
 //! will use it, with no hand-off (in busy-poll mode, the receiving thread
-//! spins on the CQ the way `ib_send_lat` does). The poller thread polls
-//! only while no application thread receives: send completions, credits,
+//! spins on the CQ the way `ib_send_lat` does). The engine task polls
+//! while no application thread receives: send completions, credits,
 //! goodbyes and rendezvous READs of a busy application still move.
 
 use std::mem::MaybeUninit;
@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 
 use rdma_sys::ibv_wc;
 use zerocast_core::ConnError;
-use zerocast_link::{Driver, Pumped, Source, StepAside};
+use zerocast_link::{Driver, Pumped, Source};
 
 use super::completion::on_completion;
-use super::{lock, Io, POLL_BATCH};
+use super::{Io, POLL_BATCH};
 use crate::rc::rendezvous;
 use crate::rc::RcError;
 
@@ -28,12 +28,6 @@ use crate::rc::RcError;
 const SPIN: Duration = Duration::from_micros(50);
 /// The longest single sleep on the completion channel.
 const WAIT_SLICE_MS: i32 = 20;
-/// In busy-poll mode, how long the poller thread spins when idle before it
-/// naps (and how long each nap is).
-const BUSY_SPIN: Duration = Duration::from_micros(200);
-const BUSY_NAP: Duration = Duration::from_micros(50);
-/// How long the poller waits for flush completions after a close.
-const FLUSH_PATIENCE: Duration = Duration::from_secs(10);
 
 /// The CQ as a [`Source`].
 pub(super) struct RcSource {
@@ -43,13 +37,14 @@ pub(super) struct RcSource {
     armed: bool,
     done: bool,
     /// Receiving threads sleep on the completion channel after a spin
-    /// (not busy-polling, and the CQ has a channel). Fixed at creation.
+    /// (not busy-polling). Fixed at creation. The engine task's pumps arm
+    /// the CQ and take its events in either mode.
     event_mode: bool,
 }
 
 impl RcSource {
     pub(super) fn new(io: Arc<Io>) -> Self {
-        let event_mode = !io.busy_poll && io.cq.has_channel();
+        let event_mode = !io.busy_poll;
         let wcs = std::array::from_fn(|_| MaybeUninit::uninit());
         Self { io, wcs, armed: false, done: false, event_mode }
     }
@@ -80,8 +75,8 @@ impl RcSource {
         n
     }
 
-    /// In event mode, every pump returns with the CQ armed, so the poller
-    /// thread, asleep on the channel with no timeout, wakes at the next
+    /// In event mode, every pump returns with the CQ armed, so the engine,
+    /// asleep on the channel with no timeout, wakes at the next
     /// completion. A pump that took the pending event (a receiving thread
     /// that slept on the channel) arms it again before it returns: `true`
     /// when it did, and the CQ must then be polled once more, for a
@@ -91,7 +86,7 @@ impl RcSource {
     /// checks it on every message.
     #[inline]
     fn arm_again(&mut self) -> bool {
-        let due = self.event_mode && !self.armed;
+        let due = self.uses_channel() && !self.armed;
         if due {
             self.arm();
         }
@@ -115,7 +110,15 @@ impl RcSource {
     /// `try_recv` checks it on every empty spin.
     #[inline]
     fn settled(&mut self) -> bool {
-        !self.event_mode || self.settled_event()
+        !self.uses_channel() || self.settled_event()
+    }
+
+    /// Whether this pump keeps the completion channel: in event mode, and
+    /// in the engine's pumps in either mode (a busy-polling receiving
+    /// thread spins and leaves it alone).
+    #[inline]
+    fn uses_channel(&self) -> bool {
+        self.event_mode || self.io.engine_pumping.load(Ordering::Relaxed)
     }
 
     #[inline(never)]
@@ -182,7 +185,7 @@ impl Source for RcSource {
                 continue;
             };
             let now = Instant::now();
-            if now >= until || driver.app_waiting() {
+            if now >= until {
                 if self.arm_again() {
                     continue;
                 }
@@ -204,84 +207,11 @@ impl Source for RcSource {
                 continue;
             }
             let left = (until - now).as_millis().clamp(1, WAIT_SLICE_MS as u128) as i32;
-            match self.io.cq.wait(left) {
+            match self.io.cq.wait_or_closing(self.io.close_signal(), left) {
                 Ok(true) => self.armed = false,
                 Ok(false) => {}
                 Err(e) => tracing::debug!(error = %e, "waiting for a completion event failed"),
             }
-        }
-    }
-}
-
-/// The poller thread: polls whenever no application thread does, until
-/// the connection is closed and every posted request has completed.
-pub(super) fn poller(io: &Io, driver: &Driver) {
-    let flushed = poll_until_drained(io, driver);
-    // Revoke every grant of ours. With the QP flushed, no READ of ours
-    // can reach a buffer any more either; without, a READ's target stays
-    // held until the QP is destroyed.
-    io.rendezvous.clear(flushed);
-}
-
-/// Poll until the connection is over and every posted request has
-/// completed (`true`), or until the flushes of a closed connection failed
-/// to come (`false`).
-fn poll_until_drained(io: &Io, driver: &Driver) -> bool {
-    let mut aside = StepAside::new();
-    let mut idle_since: Option<Instant> = None;
-    loop {
-        if aside.nap_if_app_reads(driver) {
-            continue;
-        }
-        match driver.try_pump(None) {
-            Some(Pumped::Done) => return true,
-            Some(Pumped::Frames) => {
-                idle_since = None;
-                continue;
-            }
-            Some(Pumped::Idle) => {}
-            None => {
-                aside.nap();
-                continue;
-            }
-        }
-        let idle = *idle_since.get_or_insert_with(Instant::now);
-        if io.is_closing() && idle.elapsed() > FLUSH_PATIENCE {
-            tracing::warn!(
-                recv_posted = lock(&io.recv).posted,
-                send_outstanding = lock(&io.send).outstanding(),
-                "RC connection: flush completions missing after close; giving up on them"
-            );
-            io.one_sided.abandon();
-            return false;
-        }
-        if io.busy_poll || !io.cq.has_channel() {
-            if idle.elapsed() > BUSY_SPIN {
-                thread::sleep(BUSY_NAP);
-            } else {
-                std::hint::spin_loop();
-            }
-            continue;
-        }
-        // The source left the CQ armed with no event pending, and every
-        // pump leaves it armed (`RcSource::arm_again`): sleep until the
-        // next completion, without taking its event (the next pump does),
-        // so an application thread can take over at any time. With no
-        // timeout, unless closing: an idle connection costs no wake-ups,
-        // and a close rings the signal. Once closing, the slices pace the
-        // wait for flushes, which may complete unannounced.
-        let waited = if io.is_closing() {
-            io.cq.readable(WAIT_SLICE_MS)
-        } else if io.rendezvous.is_starved() {
-            // A buffer coming back to the pool announces nothing here:
-            // look again in a slice.
-            io.cq.readable_or_closing(io.close_signal(), WAIT_SLICE_MS)
-        } else {
-            io.cq.readable_or_closing(io.close_signal(), -1)
-        };
-        if let Err(e) = waited {
-            tracing::debug!(error = %e, "waiting for a completion event failed");
-            aside.nap();
         }
     }
 }

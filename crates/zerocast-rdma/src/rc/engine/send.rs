@@ -1,21 +1,21 @@
 //! The send path of an RC connection: the send queue as a [`Wire`], through
-//! which the writer thread, or a sending thread itself, turns the link's
+//! which the engine task, or a sending thread itself, turns the link's
 //! batches into chained work requests — data frames as sends with
 //! immediate of the payload alone (the header in the immediate), other
 //! frames as sends of a header slot and their payload, inline when small,
-//! rendezvous requests for payloads
-//! larger than the peer's receive buffers, RDMA WRITEs with immediate for
-//! tagged frames — with selective signalling, and the ring of sends in
-//! flight that holds each payload until its completion.
+//! rendezvous requests for payloads larger than the peer's receive
+//! buffers, RDMA WRITEs with immediate for tagged frames — with selective
+//! signalling, and the ring of sends in flight that holds each payload
+//! until its completion. Nothing here waits: what the ring has no room
+//! for waits in the wire's backlog.
 
 use std::collections::VecDeque;
 use std::ptr;
-use std::sync::{Arc, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use rdma_sys::{ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wr_opcode};
 use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
-use zerocast_link::{Driver, Frame, Wire, WireCtx};
+use zerocast_link::{Frame, Wire, WireCtx};
 use zerocast_mem::Buf;
 
 use super::completion::short_immediate;
@@ -32,14 +32,11 @@ use crate::send_ring::{Reserved, SendRing};
 #[derive(Debug)]
 pub(super) struct SendTable {
     pub(super) ring: SendRing<Buf>,
-    /// Threads waiting on `Io::send_cv` for sends to complete: completions
-    /// notify only when there are some (a notify is a system call).
-    pub(super) waiters: u32,
 }
 
 impl SendTable {
     pub(super) fn new(depth: usize) -> Self {
-        Self { ring: SendRing::new(depth), waiters: 0 }
+        Self { ring: SendRing::new(depth) }
     }
 
     pub(super) fn outstanding(&self) -> usize {
@@ -47,13 +44,82 @@ impl SendTable {
     }
 }
 
-/// The send queue as a [`Wire`]: frames are posted by the writer thread,
-/// or by a sending thread itself (see [`zerocast_link::Wire`]).
+/// The send queue as a [`Wire`]: frames are posted by the engine task, or
+/// by a sending thread itself (see [`zerocast_link::Wire`]). It never
+/// waits: what the send queue, or the rendezvous slots, have no room for
+/// stays in its backlog, in order, and later frames queue behind it. The
+/// completion that frees room wakes the engine task (see
+/// [`Io::wait_for_completion`]), which flushes it. Credits bound the
+/// backlog.
 pub(super) struct RcWire {
     io: Arc<Io>,
     scratch: Scratch,
     /// The most frames posted as one chain ([`SendRing::max_chain`]).
     max_chain: usize,
+    backlog: VecDeque<Frame>,
+    /// Frames moved out of the backlog to be posted as one chain.
+    part: Vec<Frame>,
+}
+
+impl RcWire {
+    pub(super) fn new(io: Arc<Io>, peer_window: usize) -> Self {
+        let max_chain = lock(&io.send).ring.max_chain();
+        Self {
+            io,
+            scratch: Scratch::for_chains_of(max_chain),
+            max_chain,
+            // Data frames are bounded by the peer's window; the rest
+            // (credits, goodbye, heartbeats) are few.
+            backlog: VecDeque::with_capacity(peer_window + 8),
+            part: Vec::with_capacity(max_chain),
+        }
+    }
+
+    /// Post from the front of `frames` as much as the send queue and the
+    /// rendezvous slots take now; how many frames were posted. When they
+    /// take none, the engine task is to be woken at the next completion.
+    fn post_some(&mut self, frames: &mut [Frame]) -> Result<usize, ConnError> {
+        let io = &*self.io;
+        let mut done = 0;
+        let mut flagged = false;
+        while done < frames.len() {
+            let rest = &mut frames[done..];
+            let room = lock(&io.send).ring.room();
+            let mut free = io.rendezvous.free();
+            let mut n = 0;
+            for f in rest.iter().take(self.max_chain.min(room)) {
+                if by_rendezvous(io, f) {
+                    if free == 0 {
+                        break;
+                    }
+                    free -= 1;
+                }
+                n += 1;
+            }
+            if n == 0 {
+                if flagged {
+                    break;
+                }
+                // Woken by the completion of a send or of a rendezvous
+                // finish; flagged before the room is looked at again, so
+                // one that came in between is not missed.
+                io.wait_for_completion();
+                flagged = true;
+                continue;
+            }
+            flagged = false;
+            post_batch(io, &mut rest[..n], &mut self.scratch).map_err(ConnError::transport)?;
+            done += n;
+        }
+        Ok(done)
+    }
+
+    /// Keep `frames`, which were not posted, behind the backlog.
+    fn defer(&mut self, frames: &mut [Frame]) {
+        for f in frames {
+            self.backlog.push_back(Frame { header: f.header, payload: f.payload.take(), tag: f.tag });
+        }
+    }
 }
 
 /// Work requests and scatter lists under construction, kept between posts.
@@ -87,82 +153,57 @@ impl Scratch {
 }
 
 impl Wire for RcWire {
-    fn write(&mut self, frames: &mut [Frame], ctx: &WireCtx<'_>) -> Result<(), ConnError> {
+    fn write(&mut self, frames: &mut [Frame], _ctx: &WireCtx<'_>) -> Result<(), ConnError> {
         let io = &*self.io;
+        if io.is_closing() {
+            // Nothing is posted any more: the frames go back to the pool.
+            return Ok(());
+        }
+        if !self.backlog.is_empty() {
+            self.defer(frames);
+            return Ok(());
+        }
         if let [frame] = frames {
             if frame.tag == 0 && !by_rendezvous(io, frame) {
-                return post_one(io, frame).map_err(ConnError::transport);
+                if post_one(io, frame).map_err(ConnError::transport)? {
+                    return Ok(());
+                }
+                self.defer(frames);
+                return Ok(());
             }
         }
-        let mut rest = frames;
-        // Post in parts, each no longer than a chain may be, and with no
-        // more rendezvous than may be started.
-        while !rest.is_empty() {
-            let large = |f: &Frame| by_rendezvous(io, f);
-            let mut free = usize::MAX;
-            if rest.iter().any(large) {
-                match io.rendezvous.wait_free(|| io.is_closing() || ctx.check_heartbeat().is_err()) {
-                    Some(n) => free = n,
-                    // Closing: the frames go back to the pool.
-                    None => return Ok(()),
-                }
+        let posted = self.post_some(frames)?;
+        self.defer(&mut frames[posted..]);
+        Ok(())
+    }
+
+    fn backlog(&self) -> bool {
+        !self.backlog.is_empty()
+    }
+
+    fn flush(&mut self, _ctx: &WireCtx<'_>) -> Result<(), ConnError> {
+        if self.io.is_closing() {
+            self.backlog.clear();
+            return Ok(());
+        }
+        while !self.backlog.is_empty() {
+            let mut part = std::mem::take(&mut self.part);
+            let n = self.backlog.len().min(self.max_chain);
+            part.extend(self.backlog.drain(..n));
+            let res = self.post_some(&mut part);
+            // What was not posted goes back to the front, in order.
+            let posted = *res.as_ref().unwrap_or(&part.len());
+            for f in part.drain(posted..).rev() {
+                self.backlog.push_front(f);
             }
-            let mut n = 0;
-            for f in rest.iter().take(self.max_chain) {
-                if large(f) {
-                    if free == 0 {
-                        break;
-                    }
-                    free -= 1;
-                }
-                n += 1;
+            part.clear();
+            self.part = part;
+            if res? < n {
+                break;
             }
-            let (part, tail) = std::mem::take(&mut rest).split_at_mut(n);
-            post_batch(io, part, &mut self.scratch).map_err(ConnError::transport)?;
-            rest = tail;
         }
         Ok(())
     }
-}
-
-/// The writer thread: posts what sending threads queued, then waits for
-/// the last sends to complete and closes the QP.
-pub(super) fn sender(io: &Arc<Io>, driver: &Driver) {
-    let max_chain = lock(&io.send).ring.max_chain();
-    driver.run_writer(Box::new(RcWire {
-        io: io.clone(),
-        scratch: Scratch::for_chains_of(max_chain),
-        max_chain,
-    }));
-    // Let our last sends (the goodbye) be acknowledged, and the peer read
-    // our rendezvous payloads, before disconnecting. A peer that fails
-    // meanwhile closes the connection, which ends the wait.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut t = lock(&io.send);
-    while (t.outstanding() > 0 || io.rendezvous.has_outbound())
-        && !io.is_closing()
-        && Instant::now() < deadline
-    {
-        t = wait_send(io, t);
-    }
-    drop(t);
-    // Done: the goodbye completed, or the peer, having both goodbyes, went
-    // away before acknowledging it (a failure would have failed the link).
-    driver.writer_done();
-    io.close();
-}
-
-/// Wait (at most 20 ms) for a send completion, counted in
-/// [`SendTable::waiters`].
-fn wait_send<'a>(io: &'a Io, mut t: MutexGuard<'a, SendTable>) -> MutexGuard<'a, SendTable> {
-    t.waiters += 1;
-    let mut t = io
-        .send_cv
-        .wait_timeout(t, Duration::from_millis(20))
-        .map(|(g, _)| g)
-        .unwrap_or_else(|p| p.into_inner().0);
-    t.waiters -= 1;
-    t
 }
 
 /// Post `batch` as one chain, taking each payload into the send ring (or
@@ -215,24 +256,17 @@ fn post_chain(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
             grants.push_back(grant);
         }
     }
-    // Take a slot per frame first, waiting while the send queue is full.
+    // A slot per frame: `post_some` made sure there is room.
     {
         let mut t = lock(&io.send);
         for i in 0..n {
-            loop {
-                if let Some(r) = t.ring.reserve(signal_last && i + 1 == n) {
-                    reserved.push(r);
-                    break;
+            let Some(r) = t.ring.reserve(signal_last && i + 1 == n) else {
+                if let Some(first) = reserved.first() {
+                    t.ring.unreserve_from(first.seq);
                 }
-                if io.is_closing() {
-                    // Nothing was posted: give the send numbers back.
-                    if let Some(first) = reserved.first() {
-                        t.ring.unreserve_from(first.seq);
-                    }
-                    return Ok(());
-                }
-                t = wait_send(io, t);
-            }
+                return Err(RcError::Config("a chain longer than the send queue's room".into()));
+            };
+            reserved.push(r);
         }
     }
     let mut large_seen = 0;
@@ -322,19 +356,23 @@ fn post_chain(io: &Io, batch: &mut [Frame], scratch: &mut Scratch) -> Result<(),
 /// [`post_batch`] for one plain frame (not tagged, not by rendezvous), the
 /// usual write of a sending thread on a quiet link: one work request, built
 /// on the stack while the ring is locked once, and signalled on the same
-/// terms.
-fn post_one(io: &Io, frame: &mut Frame) -> Result<(), RcError> {
+/// terms. `false`: the send queue is full, nothing was posted (the engine
+/// task is woken at the next completion).
+fn post_one(io: &Io, frame: &mut Frame) -> Result<bool, RcError> {
     let inline = is_inline(frame, false, io.qp.max_inline() as usize);
     let signal = wants_signal(frame, false, inline);
     let mut t = lock(&io.send);
-    let r = loop {
-        if let Some(r) = t.ring.reserve(signal) {
-            break r;
+    let r = match t.ring.reserve(signal) {
+        Some(r) => r,
+        None => {
+            drop(t);
+            io.wait_for_completion();
+            t = lock(&io.send);
+            match t.ring.reserve(signal) {
+                Some(r) => r,
+                None => return Ok(false),
+            }
         }
-        if io.is_closing() {
-            return Ok(());
-        }
-        t = wait_send(io, t);
     };
     let mut sges = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 2];
     let mut wr = plain_wr(io, &r, frame, &mut sges, inline);
@@ -348,7 +386,7 @@ fn post_one(io: &Io, frame: &mut Frame) -> Result<(), RcError> {
         Ok(()) => {
             let keep = if inline { None } else { frame.payload.take() };
             t.ring.posted(&r, keep);
-            Ok(())
+            Ok(true)
         }
         Err((_, e)) => {
             t.ring.unreserve(&r);

@@ -181,34 +181,6 @@ impl EventChannel {
             }
         }
     }
-
-    /// The next event, waiting until `deadline` (`None`: no limit) unless
-    /// `closing` is rung: `Ok(None)` once either happened.
-    pub(crate) fn get_until(
-        &self,
-        closing: &crate::closing::Closing,
-        deadline: Option<Instant>,
-    ) -> io::Result<Option<CmEvent>> {
-        loop {
-            if let Some(e) = self.get(Some(Duration::ZERO))? {
-                return Ok(Some(e));
-            }
-            if closing.is_rung() {
-                return Ok(None);
-            }
-            let ms = match deadline {
-                None => -1,
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Ok(None);
-                    }
-                    left.as_millis().clamp(1, c_int::MAX as u128) as c_int
-                }
-            };
-            crate::closing::poll_either(self.fd(), closing.fd(), ms)?;
-        }
-    }
 }
 
 impl AsFd for EventChannel {

@@ -13,13 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_sys::{rdma_cm_event_type as ev, rdma_conn_param};
-use zerocast_core::{AcceptError, ConnError, ConnectError, Endpoint, Hello, LinkConfig};
+use zerocast_core::{ConnError, ConnectError, Endpoint, Hello, LinkConfig};
 use zerocast_link::engine::{Cx, Interest, Step, Task};
-use zerocast_link::{Driver, ListenerCounters};
+use zerocast_link::Driver;
 
+use super::listen::{RcListener, Shared};
 use super::srq::{Member, SharedRecv};
 use super::{engine::Io, resolve, transport_err, RcConnection, RcError, RcTransport};
-use crate::closing::Closing;
 use crate::cm::{context_name, CmEvent, CmId, EventChannel, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT};
 use crate::error::errno_from_rc;
 use crate::verbs::QueuePair;
@@ -185,95 +185,144 @@ pub(super) fn connect(
     let data = e.private_data();
     drop(e);
     let hello = peer_hello(&data, ep)?;
-    t.finish(t.inner.engines.pick(), io, link, hello, ep.clone())
+    let engine = t.inner.engines.pick();
+    let (conn, driver) = t.finish(engine, io.clone(), link, hello, ep.clone())?;
+    engine.register(Box::new(Watch::new(id, io, driver)));
+    Ok(conn)
 }
 
-/// The rdma_cm listener of `rc://`.
-#[derive(Debug)]
-pub(super) struct CmListener {
-    id: CmId,
-    transport: RcTransport,
-    local: Endpoint,
+/// Bind and listen on `ep`; the listener's accepting task runs on an
+/// engine (see `listen`).
+pub(super) fn listen(
+    t: &RcTransport,
+    ep: &Endpoint,
     link: LinkConfig,
     srq: Option<Arc<SharedRecv>>,
+) -> Result<RcListener, ConnectError> {
+    let addr = resolve(ep)?;
+    let io_err = |e| ConnectError::Io { endpoint: ep.to_string(), source: e };
+    let ch = EventChannel::new().map_err(io_err)?;
+    let id = CmId::new(&ch).map_err(io_err)?;
+    let sa = CmId::sockaddr(addr);
+    // SAFETY: live id; `sa` is valid for the call.
+    let rc = unsafe { rdma_sys::rdma_bind_addr(id.as_ptr(), sa.as_ptr() as *mut _) };
+    if rc != 0 {
+        let e = errno_from_rc(rc);
+        if e.raw_os_error() == Some(libc::EADDRINUSE) {
+            return Err(ConnectError::InUse(ep.to_string()));
+        }
+        return Err(io_err(e));
+    }
+    // SAFETY: bound id.
+    let rc = unsafe { rdma_sys::rdma_listen(id.as_ptr(), LISTEN_BACKLOG) };
+    if rc != 0 {
+        return Err(io_err(errno_from_rc(rc)));
+    }
+    let local = ep.with_port(id.src_port());
+    tracing::debug!(%local, "rc listening");
+    Ok(RcListener::start(t, local, link, srq, |shared, engine| {
+        engine.register(Box::new(AcceptTask { id, shared, registered: false, paused: false }));
+    }))
 }
 
-impl CmListener {
-    pub(super) fn bind(
-        t: &RcTransport,
-        ep: &Endpoint,
-        link: LinkConfig,
-        srq: Option<Arc<SharedRecv>>,
-    ) -> Result<Self, ConnectError> {
-        let addr = resolve(ep)?;
-        let io_err = |e| ConnectError::Io { endpoint: ep.to_string(), source: e };
-        let ch = EventChannel::new().map_err(io_err)?;
-        let id = CmId::new(&ch).map_err(io_err)?;
-        let sa = CmId::sockaddr(addr);
-        // SAFETY: live id; `sa` is valid for the call.
-        let rc = unsafe { rdma_sys::rdma_bind_addr(id.as_ptr(), sa.as_ptr() as *mut _) };
-        if rc != 0 {
-            let e = errno_from_rc(rc);
-            if e.raw_os_error() == Some(libc::EADDRINUSE) {
-                return Err(ConnectError::InUse(ep.to_string()));
+/// Connect requests rdma_cm queues for the listener.
+const LISTEN_BACKLOG: i32 = 1024;
+/// Events taken per run, so other tasks get their turn.
+const ACCEPT_BURST: usize = 64;
+/// How long accepting pauses while `accept` is behind.
+const PAUSE: Duration = Duration::from_millis(10);
+
+/// The listening id's task: each connect request starts a handshake task.
+struct AcceptTask {
+    id: CmId,
+    shared: Arc<Shared>,
+    registered: bool,
+    /// Taking requests waits for the pause's timer.
+    paused: bool,
+}
+
+impl AcceptTask {
+    /// A connect request: answer it (or refuse it) and leave the rest of
+    /// the handshake to a task of its own.
+    fn request(&self, e: CmEvent, cx: &mut Cx<'_>) {
+        let Some(raw) = NonNull::new(e.id()) else { return };
+        let data = e.private_data();
+        drop(e);
+        // SAFETY: the id of a connect request is ours to accept or destroy.
+        let id = unsafe { CmId::from_raw(raw, self.id.channel()) };
+        let peer = peer_endpoint(&id, &self.shared.local);
+        match Handshake::start(&self.shared, id, &data, peer.clone(), cx.now()) {
+            Ok(task) => cx.spawn(Box::new(task)),
+            Err(err) => self.shared.failed(&peer, &err),
+        }
+    }
+}
+
+impl Task for AcceptTask {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.id.channel().as_fd())
+    }
+
+    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
+        if !self.registered {
+            self.shared.set_accepting(cx.waker());
+            self.registered = true;
+        }
+        // Closed: the listening id goes with the task.
+        if self.shared.close.is_closed() {
+            return Step::Done;
+        }
+        if self.paused && !cx.timer_due() {
+            return Step::Continue;
+        }
+        self.paused = false;
+        cx.set_timer(None);
+        for _ in 0..ACCEPT_BURST {
+            if self.shared.behind() {
+                self.paused = true;
+                cx.set_timer(Some(cx.now() + PAUSE));
+                break;
             }
-            return Err(io_err(e));
-        }
-        // SAFETY: bound id.
-        let rc = unsafe { rdma_sys::rdma_listen(id.as_ptr(), 64) };
-        if rc != 0 {
-            return Err(io_err(errno_from_rc(rc)));
-        }
-        let local = ep.with_port(id.src_port());
-        tracing::debug!(%local, "rc listening");
-        Ok(Self { id, transport: t.clone(), local, link, srq })
-    }
-
-    pub(super) fn local_endpoint(&self) -> &Endpoint {
-        &self.local
-    }
-
-    /// The next connection, waiting until `deadline` unless `closing` is
-    /// rung. A connect request that fails (a bad hello, a full shared
-    /// receive queue, a peer gone before it was established) is counted,
-    /// and the wait goes on.
-    pub(super) fn accept(
-        &self,
-        deadline: Option<Instant>,
-        closing: &Closing,
-        counters: &ListenerCounters,
-    ) -> Result<RcConnection, AcceptError> {
-        loop {
-            let e = match self.id.channel().get_until(closing, deadline) {
-                Ok(Some(e)) => e,
-                Ok(None) if closing.is_rung() => return Err(AcceptError::Closed),
-                Ok(None) => return Err(AcceptError::Timeout),
+            match self.id.channel().get(Some(Duration::ZERO)) {
+                Ok(Some(e)) if e.kind() == ev::RDMA_CM_EVENT_CONNECT_REQUEST => self.request(e, cx),
+                Ok(Some(e)) => tracing::debug!(event = %e.name(), "rc listener: ignoring event"),
+                Ok(None) => break,
                 Err(e) => {
-                    let err = ConnectError::Io { endpoint: self.local.to_string(), source: e };
-                    return Err(AcceptError::Failed(err));
+                    self.shared
+                        .fatal(ConnectError::Io { endpoint: self.shared.local.to_string(), source: e });
+                    return Step::Done;
                 }
-            };
-            if e.kind() != ev::RDMA_CM_EVENT_CONNECT_REQUEST {
-                tracing::debug!(event = %e.name(), "rc listener: ignoring event");
-                continue;
-            }
-            let Some(raw) = NonNull::new(e.id()) else { continue };
-            let data = e.private_data();
-            drop(e);
-            // SAFETY: the id of a connect request is ours to accept or destroy.
-            let id = unsafe { CmId::from_raw(raw, self.id.channel()) };
-            let peer = peer_endpoint(&id, &self.local);
-            match self.accept_one(id, &data) {
-                Ok(conn) => return Ok(conn),
-                Err(err) => super::count_failure(counters, &peer, &err),
             }
         }
+        cx.set_interest(Interest { read: !self.paused, write: false });
+        Step::Continue
     }
+}
 
-    fn accept_one(&self, mut id: CmId, data: &[u8]) -> Result<RcConnection, ConnectError> {
-        let t = &self.transport;
-        let peer = peer_endpoint(&id, &self.local);
-        let deadline = Instant::now() + t.inner.cfg.connect_timeout;
+/// An accepted connect request waiting for ESTABLISHED, by a deadline on
+/// the whole handshake, on the event channel of its own the request's id
+/// moved to. Established, it becomes the connection's rdma_cm watch in
+/// place, and the connection goes to `accept`.
+struct Handshake {
+    id: Arc<CmId>,
+    io: Arc<Io>,
+    hello: Hello,
+    peer: Endpoint,
+    deadline: Instant,
+    shared: Arc<Shared>,
+}
+
+impl Handshake {
+    /// Check the peer's hello, admit it to the shared receive queue, move
+    /// its id to an event channel of its own, create its QP and accept.
+    fn start(
+        shared: &Arc<Shared>,
+        mut id: CmId,
+        data: &[u8],
+        peer: Endpoint,
+        now: Instant,
+    ) -> Result<Self, ConnectError> {
+        let t = &shared.transport;
         let hello = match peer_hello(data, &peer) {
             Ok(h) => h,
             Err(err) => {
@@ -282,7 +331,7 @@ impl CmListener {
                 return Err(err);
             }
         };
-        let member = match self.srq.as_ref().map(SharedRecv::admit).transpose() {
+        let member = match shared.srq.as_ref().map(SharedRecv::admit).transpose() {
             Ok(m) => m,
             Err(err) => {
                 tracing::debug!(%peer, error = %err, "rc listener: refusing a connection");
@@ -301,17 +350,66 @@ impl CmListener {
         check_device(t, &id)?;
         set_ack_timeout(&id, t.inner.cfg.timeout);
         let id = Arc::new(id);
-        let io = prepare(t, &id, &self.link, member)?;
-        let buf_size = t.sizes(&self.link).map_err(transport_err)?.buf_size;
-        let ours = zerocast_link::hello_for(&self.link, buf_size).encode();
+        let io = prepare(t, &id, &shared.link, member)?;
+        let buf_size = t.sizes(&shared.link).map_err(transport_err)?.buf_size;
+        let ours = zerocast_link::hello_for(&shared.link, buf_size).encode();
         let mut param = conn_param(t, &ours);
         // SAFETY: live id with a QP; `param` and `ours` outlive the call.
         let rc = unsafe { rdma_sys::rdma_accept(id.as_ptr(), &mut param) };
         if rc != 0 {
             return Err(verbs_err("rdma_accept", rc));
         }
-        drop(expect(&ch, ev::RDMA_CM_EVENT_ESTABLISHED, deadline, "accepting")?);
-        t.finish(t.inner.engines.pick(), io, self.link, hello, peer)
+        let deadline = now + t.inner.cfg.connect_timeout;
+        Ok(Self { id, io, hello, peer, deadline, shared: shared.clone() })
+    }
+
+    fn established(&self) -> Step {
+        let t = &self.shared.transport;
+        let engine = t.inner.engines.pick();
+        match t.finish(engine, self.io.clone(), self.shared.link, self.hello, self.peer.clone()) {
+            Ok((conn, driver)) => {
+                self.shared.deliver(conn);
+                Step::Replace(Box::new(Watch::new(self.id.clone(), self.io.clone(), driver)))
+            }
+            Err(err) => {
+                self.shared.failed(&self.peer, &err);
+                Step::Done
+            }
+        }
+    }
+}
+
+impl Task for Handshake {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.id.channel().as_fd())
+    }
+
+    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
+        // One event settles it: ESTABLISHED, or anything else (a
+        // rejection, an error, the peer gone) fails the handshake.
+        let failed = match self.id.channel().get(Some(Duration::ZERO)) {
+            Ok(Some(e)) if e.kind() == ev::RDMA_CM_EVENT_ESTABLISHED => {
+                drop(e);
+                return self.established();
+            }
+            Ok(Some(e)) => {
+                Some(transport_err(RcError::Cm { step: "accepting", event: e.name(), status: e.status() }))
+            }
+            Ok(None) => None,
+            Err(e) => Some(transport_err(RcError::verbs("rdma_get_cm_event", e))),
+        };
+        if let Some(err) = failed {
+            self.shared.failed(&self.peer, &err);
+            return Step::Done;
+        }
+        if cx.now() >= self.deadline || self.shared.close.is_closed() {
+            let err = ConnectError::Timeout("rdma_cm: accepting".into());
+            self.shared.failed(&self.peer, &err);
+            return Step::Done;
+        }
+        cx.set_interest(Interest { read: true, write: false });
+        cx.set_timer(Some(self.deadline));
+        Step::Continue
     }
 }
 

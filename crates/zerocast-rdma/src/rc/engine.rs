@@ -79,6 +79,9 @@ pub(crate) struct Io {
     /// finish's): room for its backlog, or the end of its lingering. The
     /// handler of such a completion clears it and wakes the task.
     wake_on_completion: AtomicBool,
+    /// The send queue's backlog is not empty: the engine polls for the
+    /// completions that make room, whoever claims the CQ.
+    backlogged: AtomicBool,
     /// The engine task pumps the CQ now: the source arms the CQ and takes
     /// its events even in busy-poll mode (where receiving threads spin and
     /// leave the channel alone).
@@ -160,6 +163,7 @@ impl Io {
             }),
             send: Mutex::new(SendTable::new(sizes.send_depth)),
             wake_on_completion: AtomicBool::new(false),
+            backlogged: AtomicBool::new(false),
             engine_pumping: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
             one_sided: one_sided::Table::new(),
@@ -303,9 +307,7 @@ impl Io {
         }
         self.one_sided.wake();
         self.close_signal.ring();
-        for task in lock(&self.tasks).iter() {
-            task.wake();
-        }
+        self.wake_tasks();
     }
 
     /// Keep `buf`, which the device may still own, until this connection's
@@ -344,9 +346,32 @@ impl Io {
         }
     }
 
+    /// The send queue's backlog became non-empty (`true`) or empty: while
+    /// it has frames, the engine polls for the completions that make room,
+    /// even if a receiving thread claims the CQ and is elsewhere.
+    pub(crate) fn set_backlogged(&self, backlogged: bool) {
+        if self.backlogged.swap(backlogged, Ordering::SeqCst) != backlogged && backlogged {
+            self.wake_tasks();
+        }
+    }
+
+    /// Whether the send queue's backlog has frames.
+    pub(crate) fn is_backlogged(&self) -> bool {
+        self.backlogged.load(Ordering::SeqCst)
+    }
+
     /// Wake `task` when the connection closes.
     pub(crate) fn wake_on_close(&self, task: Waker) {
         lock(&self.tasks).push(task);
+    }
+
+    /// Wake the connection's engine tasks: something they watch changed
+    /// (the connection closes, or a one-sided request awaits its
+    /// completion, which the engine then polls for, claim or not).
+    pub(crate) fn wake_tasks(&self) {
+        for task in lock(&self.tasks).iter() {
+            task.wake();
+        }
     }
 
     pub(crate) fn mark_peer_disconnected(&self) {

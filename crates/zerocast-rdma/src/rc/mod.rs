@@ -24,24 +24,27 @@ mod error;
 mod fork_tests;
 #[cfg(test)]
 mod hostile_tests;
+mod listen;
 mod one_sided;
 mod oob;
+mod oob_listen;
 mod rendezvous;
 mod srq;
+#[cfg(test)]
+mod stalled_tests;
 mod write_imm;
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use zerocast_core::{
-    AcceptError, Caps, ConnError, ConnectError, Endpoint, Hello, LinkConfig, ListenerStats, Scheme,
-};
+use zerocast_core::{Caps, ConnError, ConnectError, Endpoint, Hello, LinkConfig, Scheme};
 use zerocast_link::engine::{Engine, Engines};
-use zerocast_link::{Flavor, LinkSetup, ListenerCounters};
+use zerocast_link::{Flavor, LinkSetup};
 use zerocast_mem::{Pool, PoolConfig};
 
 pub use error::{wc_status_name, RcError};
+pub use listen::RcListener;
 pub use one_sided::{Exposure, OneSided, OneSidedError, RemoteRegion};
 pub use srq::SrqStats;
 
@@ -51,7 +54,6 @@ pub use srq::SrqStats;
 /// these.
 pub const RENDEZVOUS_RECEIVES: usize = rendezvous::MAX_PENDING;
 
-use crate::closing::Closing;
 use crate::cm::open_cm_device;
 use crate::device::{Device, ProtectionDomain};
 use crate::mr::{Access, VerbsRegistrar};
@@ -509,8 +511,8 @@ impl RcTransport {
     }
 
     /// Build the connection on an established QP: the link, driven from
-    /// `engine` by the connection's task (and, for `rc://`, its rdma_cm
-    /// watch).
+    /// `engine` by the connection's task. Its driver is for the watch the
+    /// caller starts on the rdma_cm events or the side channel.
     fn finish(
         &self,
         engine: &Engine,
@@ -518,7 +520,7 @@ impl RcTransport {
         link: LinkConfig,
         peer_hello: Hello,
         peer: Endpoint,
-    ) -> Result<RcConnection, ConnectError> {
+    ) -> Result<(RcConnection, zerocast_link::Driver), ConnectError> {
         let handshake = |source: ConnError| ConnectError::Handshake { endpoint: peer.to_string(), source };
         if (peer_hello.recv_buf_size as usize) < rendezvous::DESC_LEN {
             let msg = format!("peer receive buffers of {} bytes are too small", peer_hello.recv_buf_size);
@@ -536,12 +538,9 @@ impl RcTransport {
         let Some(reposts) = reposts else {
             return Err(handshake(ConnError::Unsupported("link without reposts")));
         };
-        if let Some(id) = io.qp().cm().cloned() {
-            engine.register(Box::new(cm_path::Watch::new(id, io.clone(), driver.clone())));
-        }
-        engine::register(engine, &io, driver, reposts, peer_hello.window);
+        engine::register(engine, &io, driver.clone(), reposts, peer_hello.window);
         tracing::debug!(%peer, window = link.recv_window, peer_window = peer_hello.window, "rc connection up");
-        Ok(RcConnection::new(link_half, Resources(io)))
+        Ok((RcConnection::new(link_half, Resources(io)), driver))
     }
 }
 
@@ -555,12 +554,10 @@ impl zerocast_core::Transport for RcTransport {
     fn listen(&self, ep: &Endpoint) -> Result<RcListener, ConnectError> {
         let link = self.link_config(ep)?;
         let srq = self.shared_recv(ep, &link)?;
-        let kind = match ep.scheme() {
-            Scheme::RcOob => ListenerKind::Oob(oob::OobListener::bind(self, ep, link, srq.clone())?),
-            _ => ListenerKind::Cm(cm_path::CmListener::bind(self, ep, link, srq.clone())?),
-        };
-        let closing = Closing::new().map_err(|e| ConnectError::Io { endpoint: ep.to_string(), source: e })?;
-        Ok(RcListener { kind, srq, closing, counters: ListenerCounters::default() })
+        match ep.scheme() {
+            Scheme::RcOob => oob_listen::listen(self, ep, link, srq),
+            _ => cm_path::listen(self, ep, link, srq),
+        }
     }
 
     fn connect(&self, ep: &Endpoint) -> Result<RcConnection, ConnectError> {
@@ -570,80 +567,6 @@ impl zerocast_core::Transport for RcTransport {
         match ep.scheme() {
             Scheme::RcOob => oob::connect(self, ep, link),
             _ => cm_path::connect(self, ep, link),
-        }
-    }
-}
-
-#[derive(Debug)]
-enum ListenerKind {
-    Cm(cm_path::CmListener),
-    Oob(oob::OobListener),
-}
-
-/// Accepts `rc://` or `rc+oob://` connections.
-///
-/// The accepting thread runs each handshake. A peer whose handshake fails,
-/// or that a full shared receive queue turns away, is counted in
-/// [`zerocast_core::Listener::stats`] and logged at `debug`; the accept
-/// goes on. Closing rings an eventfd that the accept's `poll(2)` includes.
-#[derive(Debug)]
-pub struct RcListener {
-    kind: ListenerKind,
-    /// The shared receive queue of the accepted connections, if any.
-    srq: Option<Arc<SharedRecv>>,
-    /// Rung by `close`: wakes an accept waiting for a peer.
-    closing: Closing,
-    counters: ListenerCounters,
-}
-
-/// Count a peer the listener could not accept: a refusal by the shared
-/// receive queue, or a failed handshake.
-fn count_failure(counters: &ListenerCounters, peer: &Endpoint, err: &ConnectError) {
-    let srq_full = match err {
-        ConnectError::Transport { source, .. } => {
-            matches!(source.downcast_ref::<RcError>(), Some(RcError::SrqFull { .. }))
-        }
-        _ => false,
-    };
-    if srq_full {
-        counters.refused(peer, err);
-    } else {
-        counters.handshake_failed(peer, err);
-    }
-}
-
-impl RcListener {
-    /// The counters of this listener's shared receive queue (`None`
-    /// without one).
-    pub fn srq_stats(&self) -> Option<SrqStats> {
-        self.srq.as_ref().map(|s| s.stats())
-    }
-}
-
-impl zerocast_core::Listener for RcListener {
-    type Conn = RcConnection;
-
-    fn accept_until(&self, deadline: Option<Instant>) -> Result<RcConnection, AcceptError> {
-        let conn = match &self.kind {
-            ListenerKind::Cm(l) => l.accept(deadline, &self.closing, &self.counters),
-            ListenerKind::Oob(l) => l.accept(deadline, &self.closing, &self.counters),
-        }?;
-        self.counters.accepted();
-        Ok(conn)
-    }
-
-    fn close(&self) {
-        self.closing.ring();
-    }
-
-    fn stats(&self) -> ListenerStats {
-        self.counters.stats()
-    }
-
-    fn local_endpoint(&self) -> &Endpoint {
-        match &self.kind {
-            ListenerKind::Cm(l) => l.local_endpoint(),
-            ListenerKind::Oob(l) => l.local_endpoint(),
         }
     }
 }

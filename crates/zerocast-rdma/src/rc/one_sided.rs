@@ -397,8 +397,10 @@ fn run(io: &Io, op: Op, local: Buf, remote: RemoteRegion) -> Result<Buf, OneSide
         return fail(local, RcError::verbs("ibv_post_send (one-sided)", e));
     }
     // Wait for the thread polling the CQ to route the completion here. The QP
-    // always completes or flushes a posted request, and the completion
-    // thread keeps polling while one is outstanding.
+    // always completes or flushes a posted request, and the engine polls
+    // while one is outstanding, even for a connection whose receiving
+    // thread claims the CQ (it may be this caller, now not receiving).
+    io.wake_tasks();
     let status = loop {
         if let SlotState::Done(status) = t[slot] {
             t[slot] = SlotState::Free;

@@ -7,20 +7,18 @@
 //! ready byte, so neither sends before the other can receive.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdma_sys::{ibv_access_flags, ibv_gid, ibv_qp_attr, ibv_qp_attr_mask as m, ibv_qp_state};
-use zerocast_core::{AcceptError, ConnError, ConnectError, Endpoint, Hello, LinkConfig};
+use zerocast_core::{ConnError, ConnectError, Endpoint, Hello, LinkConfig};
 use zerocast_link::engine::{Cx, Interest, Step, Task};
-use zerocast_link::ListenerCounters;
 
 use super::engine::Io;
-use super::srq::SharedRecv;
+use super::srq::Member;
 use super::{resolve, transport_err, RcConnection, RcError, RcTransport};
-use crate::closing::Closing;
 use crate::verbs::QueuePair;
 
 /// How long, after our close, the peer has to close its side channel.
@@ -222,62 +220,96 @@ pub(super) fn random_psn() -> u32 {
     (nanos ^ std::process::id().rotate_left(8)) & 0x00ff_ffff
 }
 
-/// The whole side-channel handshake on a connected socket.
+/// Our end of a side-channel handshake: a QP in INIT, its receives
+/// posted, and the record that tells the peer of it.
+pub(super) struct Ours {
+    pub(super) io: Arc<Io>,
+    pub(super) local: Local,
+    pub(super) psn: u32,
+    pub(super) info: OobInfo,
+}
+
+impl Ours {
+    /// Create the QP (on the listener's shared receive queue when
+    /// `member` is its share) and bring it to INIT.
+    pub(super) fn open(
+        t: &RcTransport,
+        ep: &Endpoint,
+        link: &LinkConfig,
+        member: Option<Member>,
+    ) -> Result<Self, ConnectError> {
+        let local = local_port(t, ep).map_err(transport_err)?;
+        let sizes = t.sizes(link).map_err(transport_err)?;
+        let cq = t.cq(&sizes).map_err(transport_err)?;
+        let shared = member.as_ref().map(|admitted| admitted.shared().srq());
+        let qp = QueuePair::create(&t.inner.pd, &cq, t.caps(&sizes, shared))
+            .map_err(|e| transport_err(RcError::verbs("ibv_create_qp", e)))?;
+        to_init(&qp, local.qp_port).map_err(transport_err)?;
+        let qpn = qp.qp_num();
+        let io = t.new_io(qp, cq, sizes, member).map_err(transport_err)?;
+        let psn = random_psn();
+        let info = OobInfo {
+            hello: zerocast_link::hello_for(link, sizes.buf_size),
+            qpn,
+            psn,
+            lid: local.lid,
+            gid: local.gid,
+            rkey: 0,
+            addr: 0,
+        };
+        Ok(Self { io, local, psn, info })
+    }
+
+    /// The peer's record came: our QP goes to RTR and RTS.
+    pub(super) fn connect_to(&self, t: &RcTransport, theirs: &OobInfo) -> Result<(), ConnectError> {
+        to_rtr_rts(t, self.io.qp(), &self.local, self.psn, theirs).map_err(transport_err)
+    }
+}
+
+/// Whether a record is the listener's refusal (its shared receive queue
+/// is full).
+pub(super) fn is_refusal(record: &[u8; INFO_LEN]) -> bool {
+    &record[..4] == REFUSED
+}
+
+/// The listener's refusal, in place of its record.
+pub(super) fn refusal() -> [u8; INFO_LEN] {
+    let mut no = [0u8; INFO_LEN];
+    no[..4].copy_from_slice(REFUSED);
+    no
+}
+
+/// The side channel plays rdma_cm's DISCONNECTED once the connection is
+/// up: each side shuts it down when its QP is closed, and the peer closes
+/// its own on seeing that (see [`Watch`]).
+pub(super) fn watch(sock: Arc<TcpStream>, io: Arc<Io>) -> Watch {
+    Watch { sock, io, registered: false, shut_at: None }
+}
+
+/// The connecting side's handshake on a connected socket: our record, the
+/// listener's, RTR and RTS, then "R" each way.
 fn establish(
     t: &RcTransport,
     mut sock: TcpStream,
     ep: &Endpoint,
-    peer: Endpoint,
     link: LinkConfig,
-    srq: Option<&Arc<SharedRecv>>,
 ) -> Result<RcConnection, ConnectError> {
+    let peer = ep.clone();
     let io_err = |e| ConnectError::Io { endpoint: peer.to_string(), source: e };
     let handshake = |source: ConnError| ConnectError::Handshake { endpoint: peer.to_string(), source };
     sock.set_nodelay(true).map_err(io_err)?;
     sock.set_read_timeout(Some(t.inner.cfg.connect_timeout)).map_err(io_err)?;
-    let member = match srq.map(SharedRecv::admit).transpose() {
-        Ok(admitted) => admitted,
-        Err(err) => {
-            tracing::debug!(%peer, error = %err, "rc+oob listener: refusing a connection");
-            // Read the peer's record first, so closing sends FIN, not RST.
-            let mut theirs = [0u8; INFO_LEN];
-            let _ = sock.read_exact(&mut theirs);
-            let mut no = [0u8; INFO_LEN];
-            no[..4].copy_from_slice(REFUSED);
-            let _ = sock.write_all(&no);
-            let _ = sock.shutdown(Shutdown::Both);
-            return Err(transport_err(err));
-        }
-    };
-    let local = local_port(t, ep).map_err(transport_err)?;
-    let sizes = t.sizes(&link).map_err(transport_err)?;
-    let cq = t.cq(&sizes).map_err(transport_err)?;
-    let shared = member.as_ref().map(|admitted| admitted.shared().srq());
-    let qp = QueuePair::create(&t.inner.pd, &cq, t.caps(&sizes, shared))
-        .map_err(|e| transport_err(RcError::verbs("ibv_create_qp", e)))?;
-    to_init(&qp, local.qp_port).map_err(transport_err)?;
-    let qpn = qp.qp_num();
-    let io = t.new_io(qp, cq, sizes, member).map_err(transport_err)?;
-    let psn = random_psn();
-    let ours = OobInfo {
-        hello: zerocast_link::hello_for(&link, sizes.buf_size),
-        qpn,
-        psn,
-        lid: local.lid,
-        gid: local.gid,
-        rkey: 0,
-        addr: 0,
-    };
-    sock.write_all(&ours.encode()).map_err(io_err)?;
+    let ours = Ours::open(t, ep, &link, None)?;
+    sock.write_all(&ours.info.encode()).map_err(io_err)?;
     let mut buf = [0u8; INFO_LEN];
     sock.read_exact(&mut buf).map_err(io_err)?;
-    if &buf[..4] == REFUSED {
+    if is_refusal(&buf) {
         return Err(ConnectError::Refused(format!(
             "{peer}: the listener's shared receive queue has no share left for another connection"
         )));
     }
     let theirs = OobInfo::decode(&buf).map_err(handshake)?;
-    to_rtr_rts(t, io.qp(), &local, psn, &theirs).map_err(transport_err)?;
+    ours.connect_to(t, &theirs)?;
     // Ready: neither side sends before the other's QP can receive.
     sock.write_all(b"R").map_err(io_err)?;
     let mut r = [0u8; 1];
@@ -285,14 +317,11 @@ fn establish(
     if r != *b"R" {
         return Err(handshake(ConnError::Handshake(zerocast_core::HandshakeError::NotHello)));
     }
-    tracing::debug!(%peer, qpn, peer_qpn = theirs.qpn, gid_index = local.gid_index, "rc+oob QP in RTS");
-    let engine = t.inner.engines.pick().clone();
-    let conn = t.finish(&engine, Arc::clone(&io), link, theirs.hello, peer.clone())?;
-    // The side channel plays rdma_cm's DISCONNECTED: each side shuts it
-    // down when its QP is closed, and the peer closes its own on seeing that.
-    sock.set_nonblocking(true)
-        .map_err(|e| ConnectError::Io { endpoint: "rc+oob side channel".into(), source: e })?;
-    engine.register(Box::new(Watch { sock, io, registered: false, shut_at: None }));
+    tracing::debug!(%peer, qpn = ours.info.qpn, peer_qpn = theirs.qpn, gid_index = ours.local.gid_index, "rc+oob QP in RTS");
+    let engine = t.inner.engines.pick();
+    let (conn, _) = t.finish(engine, Arc::clone(&ours.io), link, theirs.hello, peer.clone())?;
+    sock.set_nonblocking(true).map_err(io_err)?;
+    engine.register(Box::new(watch(Arc::new(sock), ours.io)));
     Ok(conn)
 }
 
@@ -300,8 +329,8 @@ fn establish(
 /// closes the QP (the peer said goodbye and closed, or died); our own
 /// close shuts it down, and the peer then has ten seconds to close its
 /// own.
-struct Watch {
-    sock: TcpStream,
+pub(super) struct Watch {
+    sock: Arc<TcpStream>,
     io: Arc<Io>,
     registered: bool,
     shut_at: Option<Instant>,
@@ -330,7 +359,7 @@ impl Task for Watch {
         }
         let mut b = [0u8; 16];
         loop {
-            match (&self.sock).read(&mut b) {
+            match (&*self.sock).read(&mut b) {
                 Ok(0) => return self.peer_gone(),
                 Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -361,106 +390,7 @@ pub(super) fn connect(
     let addr = resolve(ep)?;
     let sock = TcpStream::connect_timeout(&addr, t.inner.cfg.connect_timeout)
         .map_err(|e| ConnectError::Io { endpoint: ep.to_string(), source: e })?;
-    establish(t, sock, ep, ep.clone(), link, None)
-}
-
-/// The TCP listener of `rc+oob://`.
-#[derive(Debug)]
-pub(super) struct OobListener {
-    sock: TcpListener,
-    transport: RcTransport,
-    local: Endpoint,
-    link: LinkConfig,
-    srq: Option<Arc<SharedRecv>>,
-}
-
-impl OobListener {
-    pub(super) fn bind(
-        t: &RcTransport,
-        ep: &Endpoint,
-        link: LinkConfig,
-        srq: Option<Arc<SharedRecv>>,
-    ) -> Result<Self, ConnectError> {
-        let addr = resolve(ep)?;
-        let sock = TcpListener::bind(addr).map_err(|e| match e.kind() {
-            std::io::ErrorKind::AddrInUse => ConnectError::InUse(ep.to_string()),
-            _ => ConnectError::Io { endpoint: ep.to_string(), source: e },
-        })?;
-        let port = sock.local_addr().map(|a| a.port()).unwrap_or(0);
-        // Accepts wait in poll(2), with the listener's close signal.
-        sock.set_nonblocking(true).map_err(|e| ConnectError::Io { endpoint: ep.to_string(), source: e })?;
-        Ok(Self { sock, transport: t.clone(), local: ep.with_port(port), link, srq })
-    }
-
-    pub(super) fn local_endpoint(&self) -> &Endpoint {
-        &self.local
-    }
-
-    /// The next connection, waiting until `deadline` unless `closing` is
-    /// rung. A peer whose side-channel handshake fails, or that a full
-    /// shared receive queue turns away, is counted, and the wait goes on.
-    pub(super) fn accept(
-        &self,
-        deadline: Option<Instant>,
-        closing: &Closing,
-        counters: &ListenerCounters,
-    ) -> Result<RcConnection, AcceptError> {
-        let failed =
-            |e| AcceptError::Failed(ConnectError::Io { endpoint: self.local.to_string(), source: e });
-        loop {
-            if closing.is_rung() {
-                return Err(AcceptError::Closed);
-            }
-            let ms = match deadline {
-                None => -1,
-                Some(d) => {
-                    d.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as i32
-                }
-            };
-            let readable =
-                crate::closing::poll_either(self.sock.as_raw_fd(), closing.fd(), ms).map_err(failed)?;
-            if !readable {
-                if closing.is_rung() {
-                    return Err(AcceptError::Closed);
-                }
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    return Err(AcceptError::Timeout);
-                }
-                continue;
-            }
-            // The listening socket is non-blocking: a peer that left
-            // between the poll and the accept is no reason to block.
-            let (sock, addr) = match self.sock.accept() {
-                Ok(a) => a,
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => continue,
-                Err(e) if matches!(e.kind(), ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset) => {
-                    continue
-                }
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-                    ) =>
-                {
-                    counters.accept_error(&e);
-                    std::thread::sleep(Duration::from_millis(50));
-                    continue;
-                }
-                Err(e) => return Err(failed(e)),
-            };
-            let peer = Endpoint::parse(&format!("rc+oob://{addr}")).unwrap_or_else(|_| self.local.clone());
-            let r = sock
-                .set_nonblocking(false)
-                .map_err(|e| ConnectError::Io { endpoint: peer.to_string(), source: e })
-                .and_then(|()| {
-                    establish(&self.transport, sock, &self.local, peer.clone(), self.link, self.srq.as_ref())
-                });
-            match r {
-                Ok(conn) => return Ok(conn),
-                Err(err) => super::count_failure(counters, &peer, &err),
-            }
-        }
-    }
+    establish(t, sock, ep, link)
 }
 
 #[cfg(test)]

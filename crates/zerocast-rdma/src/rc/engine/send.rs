@@ -116,9 +116,13 @@ impl RcWire {
 
     /// Keep `frames`, which were not posted, behind the backlog.
     fn defer(&mut self, frames: &mut [Frame]) {
+        if frames.is_empty() {
+            return;
+        }
         for f in frames {
             self.backlog.push_back(Frame { header: f.header, payload: f.payload.take(), tag: f.tag });
         }
+        self.io.set_backlogged(true);
     }
 }
 
@@ -182,6 +186,17 @@ impl Wire for RcWire {
     }
 
     fn flush(&mut self, _ctx: &WireCtx<'_>) -> Result<(), ConnError> {
+        let res = self.flush_backlog();
+        if self.backlog.is_empty() {
+            self.io.set_backlogged(false);
+        }
+        res
+    }
+}
+
+impl RcWire {
+    /// Post what the send queue takes of the backlog, in order.
+    fn flush_backlog(&mut self) -> Result<(), ConnError> {
         if self.io.is_closing() {
             self.backlog.clear();
             return Ok(());

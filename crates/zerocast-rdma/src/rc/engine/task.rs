@@ -189,9 +189,18 @@ impl Task for RcTask {
         let tick = cx.timer_due();
         let open = matches!(self.phase, Phase::Open) && !self.io.is_closing();
         let handed_back = cx.woken() && self.awaiting_handback;
+        // A one-sided request's caller waits for its completion without
+        // polling, and frames in the send queue's backlog wait for the
+        // completions that make room: the engine polls for them, whoever
+        // claims the CQ (a receiving thread may be elsewhere for a while).
+        let waited_on = self.io.one_sided().outstanding() > 0 || self.io.is_backlogged();
+        let claimed = self.driver.reader_claimed() && !waited_on;
         // The first pump arms the CQ: events come from then on.
-        let look =
-            first || !open || tick || ((cx.readable() || handed_back) && !self.driver.reader_claimed());
+        let look = first
+            || !open
+            || tick
+            || (waited_on && cx.woken())
+            || ((cx.readable() || handed_back) && !claimed);
         if look && self.pump() {
             // Over: every posted request completed.
             self.driver.writer_done();
@@ -228,7 +237,7 @@ impl Task for RcTask {
                 return self.end(false);
             }
         }
-        let read = !self.awaiting_handback && (!open || !self.driver.reader_claimed());
+        let read = !self.awaiting_handback && (!open || !claimed);
         cx.set_interest(Interest { read, write: false });
         let mut timer = match self.phase {
             Phase::Open => self.heartbeat,

@@ -1,0 +1,172 @@
+//! What the `rc://` and `rc+oob://` listeners share: accepting and every
+//! handshake are engine tasks (see `cm_path` and `oob`), and `accept`
+//! takes the handshaken connections, in the order their handshakes
+//! finish.
+//!
+//! A peer that stalls holds one small task until the deadline on its
+//! whole handshake; it never holds a thread and never delays another
+//! peer. A failed handshake, or a peer that a full shared receive queue
+//! turns away, is counted and logged, never handed to `accept`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use zerocast_core::{AcceptError, ConnectError, Endpoint, LinkConfig, ListenerStats};
+use zerocast_link::engine::Waker;
+use zerocast_link::{CloseSignal, ListenerCounters};
+
+use super::srq::SharedRecv;
+use super::{RcConnection, RcError, RcTransport, SrqStats};
+
+/// Handshaken connections `accept` has not taken yet, at most: past this,
+/// connect requests wait (in rdma_cm's queue, or the listen queue) until
+/// `accept` catches up.
+pub(super) const BACKLOG: usize = 1024;
+
+/// What a listener and its tasks share.
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub(super) close: CloseSignal,
+    pub(super) counters: ListenerCounters,
+    pub(super) transport: RcTransport,
+    pub(super) link: LinkConfig,
+    pub(super) local: Endpoint,
+    /// The shared receive queue of the accepted connections, if any.
+    pub(super) srq: Option<Arc<SharedRecv>>,
+    /// Handshaken connections, or the error that ended the listener.
+    tx: Sender<Result<RcConnection, ConnectError>>,
+    /// The accepting task, woken by a close.
+    accepting: Mutex<Option<Waker>>,
+}
+
+impl Shared {
+    /// A handshaken connection, for `accept` (dropped if the listener
+    /// closed meanwhile).
+    pub(super) fn deliver(&self, conn: RcConnection) {
+        if !self.close.is_closed() {
+            let _ = self.tx.send(Ok(conn));
+        }
+    }
+
+    /// The listener itself failed: `accept` reports it.
+    pub(super) fn fatal(&self, err: ConnectError) {
+        let _ = self.tx.send(Err(err));
+    }
+
+    /// Whether `accept` is behind by [`BACKLOG`] connections.
+    pub(super) fn behind(&self) -> bool {
+        self.tx.len() >= BACKLOG
+    }
+
+    /// Count a peer the listener could not accept: a refusal by the
+    /// shared receive queue, or a failed handshake.
+    pub(super) fn failed(&self, peer: &Endpoint, err: &ConnectError) {
+        let srq_full = match err {
+            ConnectError::Transport { source, .. } => {
+                matches!(source.downcast_ref::<RcError>(), Some(RcError::SrqFull { .. }))
+            }
+            _ => false,
+        };
+        if srq_full {
+            self.counters.refused(peer, err);
+        } else {
+            self.counters.handshake_failed(peer, err);
+        }
+    }
+
+    /// The accepting task: a close wakes it, and it ends.
+    pub(super) fn set_accepting(&self, waker: Waker) {
+        *self.accepting.lock().unwrap_or_else(|p| p.into_inner()) = Some(waker);
+        // Closed before the waker was known: wake it now.
+        if self.close.is_closed() {
+            self.wake_accepting();
+        }
+    }
+
+    fn wake_accepting(&self) {
+        if let Some(w) = self.accepting.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            w.wake();
+        }
+    }
+}
+
+/// Accepts `rc://` or `rc+oob://` connections.
+///
+/// Accepting and handshakes run on the transport's engine, by a deadline
+/// on each whole handshake (`RcConfig::connect_timeout`), so a slow or
+/// silent peer never delays the others; `accept` hands out connections in
+/// the order their handshakes finish. A peer whose handshake fails, or
+/// that a full shared receive queue turns away, is counted in
+/// [`zerocast_core::Listener::stats`] and logged at `debug`.
+#[derive(Debug)]
+pub struct RcListener {
+    ready: Receiver<Result<RcConnection, ConnectError>>,
+    shared: Arc<Shared>,
+}
+
+impl RcListener {
+    /// A listener whose accepting task `start` registers on an engine of
+    /// `transport`, given what the tasks share.
+    pub(super) fn start(
+        transport: &RcTransport,
+        local: Endpoint,
+        link: LinkConfig,
+        srq: Option<Arc<SharedRecv>>,
+        start: impl FnOnce(Arc<Shared>, &zerocast_link::engine::Engine),
+    ) -> Self {
+        let (tx, ready) = unbounded();
+        let shared = Arc::new(Shared {
+            close: CloseSignal::default(),
+            counters: ListenerCounters::default(),
+            transport: transport.clone(),
+            link,
+            local,
+            srq,
+            tx,
+            accepting: Mutex::new(None),
+        });
+        start(shared.clone(), transport.inner.engines.pick());
+        Self { ready, shared }
+    }
+
+    /// The counters of this listener's shared receive queue (`None`
+    /// without one).
+    pub fn srq_stats(&self) -> Option<SrqStats> {
+        self.shared.srq.as_ref().map(|s| s.stats())
+    }
+
+    fn shut(&self) {
+        if self.shared.close.close() {
+            self.shared.wake_accepting();
+        }
+    }
+}
+
+impl Drop for RcListener {
+    fn drop(&mut self) {
+        self.shut();
+    }
+}
+
+impl zerocast_core::Listener for RcListener {
+    type Conn = RcConnection;
+
+    fn accept_until(&self, deadline: Option<Instant>) -> Result<RcConnection, AcceptError> {
+        let conn = self.shared.close.wait(&self.ready, deadline)?.map_err(AcceptError::Failed)?;
+        self.shared.counters.accepted();
+        Ok(conn)
+    }
+
+    fn close(&self) {
+        self.shut();
+    }
+
+    fn stats(&self) -> ListenerStats {
+        self.shared.counters.stats()
+    }
+
+    fn local_endpoint(&self) -> &Endpoint {
+        &self.shared.local
+    }
+}

@@ -17,7 +17,7 @@ use zerocast_core::{ConnError, ConnectError, Endpoint, Hello, LinkConfig};
 use zerocast_link::engine::{Cx, Interest, Step, Task};
 use zerocast_link::Driver;
 
-use super::listen::{RcListener, Shared};
+use super::listen::{AcceptTask, Intake, RcListener, Shared, Taken};
 use super::srq::{Member, SharedRecv};
 use super::{engine::Io, resolve, transport_err, RcConnection, RcError, RcTransport};
 use crate::cm::{context_name, CmEvent, CmId, EventChannel, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT};
@@ -221,81 +221,50 @@ pub(super) fn listen(
     let local = ep.with_port(id.src_port());
     tracing::debug!(%local, "rc listening");
     Ok(RcListener::start(t, local, link, srq, |shared, engine| {
-        engine.register(Box::new(AcceptTask { id, shared, registered: false, paused: false }));
+        engine.register(Box::new(AcceptTask::new(Requests { id }, shared)));
     }))
 }
 
 /// Connect requests rdma_cm queues for the listener.
 const LISTEN_BACKLOG: i32 = 1024;
-/// Events taken per run, so other tasks get their turn.
-const ACCEPT_BURST: usize = 64;
-/// How long accepting pauses while `accept` is behind.
-const PAUSE: Duration = Duration::from_millis(10);
 
-/// The listening id's task: each connect request starts a handshake task.
-struct AcceptTask {
+/// The listening id: each connect request starts a handshake task.
+struct Requests {
     id: CmId,
-    shared: Arc<Shared>,
-    registered: bool,
-    /// Taking requests waits for the pause's timer.
-    paused: bool,
 }
 
-impl AcceptTask {
+impl Requests {
     /// A connect request: answer it (or refuse it) and leave the rest of
     /// the handshake to a task of its own.
-    fn request(&self, e: CmEvent, cx: &mut Cx<'_>) {
+    fn request(&self, shared: &Arc<Shared>, e: CmEvent, cx: &mut Cx<'_>) {
         let Some(raw) = NonNull::new(e.id()) else { return };
         let data = e.private_data();
         drop(e);
         // SAFETY: the id of a connect request is ours to accept or destroy.
         let id = unsafe { CmId::from_raw(raw, self.id.channel()) };
-        let peer = peer_endpoint(&id, &self.shared.local);
-        match Handshake::start(&self.shared, id, &data, peer.clone(), cx.now()) {
+        let peer = peer_endpoint(&id, &shared.local);
+        match Handshake::start(shared, id, &data, peer.clone(), cx.now()) {
             Ok(task) => cx.spawn(Box::new(task)),
-            Err(err) => self.shared.failed(&peer, &err),
+            Err(err) => shared.failed(&peer, &err),
         }
     }
 }
 
-impl Task for AcceptTask {
-    fn fd(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.id.channel().as_fd())
+impl Intake for Requests {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.id.channel().as_fd()
     }
 
-    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
-        if !self.registered {
-            self.shared.set_accepting(cx.waker());
-            self.registered = true;
-        }
-        // Closed: the listening id goes with the task.
-        if self.shared.close.is_closed() {
-            return Step::Done;
-        }
-        if self.paused && !cx.timer_due() {
-            return Step::Continue;
-        }
-        self.paused = false;
-        cx.set_timer(None);
-        for _ in 0..ACCEPT_BURST {
-            if self.shared.behind() {
-                self.paused = true;
-                cx.set_timer(Some(cx.now() + PAUSE));
-                break;
-            }
-            match self.id.channel().get(Some(Duration::ZERO)) {
-                Ok(Some(e)) if e.kind() == ev::RDMA_CM_EVENT_CONNECT_REQUEST => self.request(e, cx),
-                Ok(Some(e)) => tracing::debug!(event = %e.name(), "rc listener: ignoring event"),
-                Ok(None) => break,
-                Err(e) => {
-                    self.shared
-                        .fatal(ConnectError::Io { endpoint: self.shared.local.to_string(), source: e });
-                    return Step::Done;
-                }
+    fn take(&mut self, shared: &Arc<Shared>, cx: &mut Cx<'_>) -> Taken {
+        match self.id.channel().get(Some(Duration::ZERO)) {
+            Ok(Some(e)) if e.kind() == ev::RDMA_CM_EVENT_CONNECT_REQUEST => self.request(shared, e, cx),
+            Ok(Some(e)) => tracing::debug!(event = %e.name(), "rc listener: ignoring event"),
+            Ok(None) => return Taken::Nothing,
+            Err(e) => {
+                return Taken::Fatal(ConnectError::Io { endpoint: shared.local.to_string(), source: e })
             }
         }
-        cx.set_interest(Interest { read: !self.paused, write: false });
-        Step::Continue
+        Taken::One
     }
 }
 

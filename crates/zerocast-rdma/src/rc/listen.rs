@@ -8,12 +8,13 @@
 //! peer. A failed handshake, or a peer that a full shared receive queue
 //! turns away, is counted and logged, never handed to `accept`.
 
+use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use zerocast_core::{AcceptError, ConnectError, Endpoint, LinkConfig, ListenerStats};
-use zerocast_link::engine::Waker;
+use zerocast_link::engine::{Cx, Interest, Step, Task, Waker};
 use zerocast_link::{CloseSignal, ListenerCounters};
 
 use super::srq::SharedRecv;
@@ -23,6 +24,90 @@ use super::{RcConnection, RcError, RcTransport, SrqStats};
 /// connect requests wait (in rdma_cm's queue, or the listen queue) until
 /// `accept` catches up.
 pub(super) const BACKLOG: usize = 1024;
+/// Peers taken per run, so other tasks get their turn.
+const ACCEPT_BURST: usize = 64;
+/// How long accepting pauses while `accept` is behind, or while the
+/// process is short of descriptors or memory.
+const PAUSE: Duration = Duration::from_millis(10);
+
+/// Where a listener's peers come in: the listening id's event channel, or
+/// the listening socket.
+pub(super) trait Intake: Send {
+    /// The descriptor that is readable while a peer waits.
+    fn fd(&self) -> BorrowedFd<'_>;
+
+    /// Take the next peer and start its handshake, as a task spawned on
+    /// `cx` (or count it as failed).
+    fn take(&mut self, shared: &Arc<Shared>, cx: &mut Cx<'_>) -> Taken;
+}
+
+/// What [`Intake::take`] found.
+pub(super) enum Taken {
+    /// A peer (or an event that was not one): look for more.
+    One,
+    /// Nothing is waiting.
+    Nothing,
+    /// The process is short of something: pause, then try again.
+    Pause,
+    /// The listener is broken: `accept` reports this.
+    Fatal(ConnectError),
+}
+
+/// A listener's accepting task: it takes what its intake has, a burst at
+/// a time, pauses while `accept` is behind, and ends (with its listening
+/// id or socket) once the listener closes.
+pub(super) struct AcceptTask<I> {
+    intake: I,
+    shared: Arc<Shared>,
+    registered: bool,
+    /// Taking peers waits for the pause's timer.
+    paused: bool,
+}
+
+impl<I: Intake> AcceptTask<I> {
+    pub(super) fn new(intake: I, shared: Arc<Shared>) -> Self {
+        Self { intake, shared, registered: false, paused: false }
+    }
+}
+
+impl<I: Intake> Task for AcceptTask<I> {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.intake.fd())
+    }
+
+    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
+        if !self.registered {
+            self.shared.set_accepting(cx.waker());
+            self.registered = true;
+        }
+        if self.shared.close.is_closed() {
+            return Step::Done;
+        }
+        if self.paused && !cx.timer_due() {
+            return Step::Continue;
+        }
+        self.paused = false;
+        cx.set_timer(None);
+        for _ in 0..ACCEPT_BURST {
+            let taken = if self.shared.behind() { Taken::Pause } else { self.intake.take(&self.shared, cx) };
+            match taken {
+                Taken::One => {}
+                Taken::Nothing => break,
+                Taken::Pause => {
+                    self.paused = true;
+                    cx.set_timer(Some(cx.now() + PAUSE));
+                    break;
+                }
+                Taken::Fatal(err) => {
+                    self.shared.fatal(err);
+                    return Step::Done;
+                }
+            }
+        }
+        cx.set_interest(Interest { read: !self.paused, write: false });
+        Step::Continue
+    }
+}
 
 /// What a listener and its tasks share.
 #[derive(Debug)]

@@ -13,23 +13,18 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use zerocast_core::{ConnError, ConnectError, Endpoint, HandshakeError, LinkConfig};
 use zerocast_link::engine::{Cx, Interest, Step, Task};
 
-use super::listen::{RcListener, Shared};
+use super::listen::{AcceptTask, Intake, RcListener, Shared, Taken};
 use super::oob::{is_refusal, refusal, watch, OobInfo, Ours, INFO_LEN};
 use super::srq::SharedRecv;
 use super::{resolve, transport_err, RcTransport};
 
 /// Connections the kernel queues for the listener.
 const LISTEN_BACKLOG: i32 = 1024;
-/// Sockets accepted per run, so other tasks get their turn.
-const ACCEPT_BURST: usize = 64;
-/// How long accepting pauses when the process is short of descriptors or
-/// memory, or `accept` is behind.
-const PAUSE: Duration = Duration::from_millis(10);
 
 /// Bind `ep`; the listener's accepting task runs on an engine.
 pub(super) fn listen(
@@ -46,7 +41,7 @@ pub(super) fn listen(
     let sock = bind(addr).map_err(io_err)?;
     let port = sock.local_addr().map(|a| a.port()).unwrap_or(0);
     Ok(RcListener::start(t, ep.with_port(port), link, srq, |shared, engine| {
-        engine.register(Box::new(AcceptTask { sock, shared, registered: false, paused: false }));
+        engine.register(Box::new(AcceptTask::new(Connections { sock }, shared)));
     }))
 }
 
@@ -62,88 +57,47 @@ fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     Ok(sock.into())
 }
 
-/// The listening socket's task.
-struct AcceptTask {
+/// The listening socket: each connection starts a handshake task.
+struct Connections {
     sock: TcpListener,
-    shared: Arc<Shared>,
-    registered: bool,
-    /// Accepting waits for the pause's timer.
-    paused: bool,
 }
 
-impl AcceptTask {
-    /// Accept what is pending; `false` when the listener is over.
-    fn accept_burst(&mut self, cx: &mut Cx<'_>) -> bool {
-        for _ in 0..ACCEPT_BURST {
-            if self.shared.behind() {
-                self.pause(cx);
-                return true;
+impl Intake for Connections {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+
+    fn take(&mut self, shared: &Arc<Shared>, cx: &mut Cx<'_>) -> Taken {
+        let (sock, addr) = match self.sock.accept() {
+            Ok(a) => a,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Taken::Nothing,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::Interrupted | ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset
+                ) =>
+            {
+                return Taken::One
             }
-            let (sock, addr) = match self.sock.accept() {
-                Ok(a) => a,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        ErrorKind::Interrupted | ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset
-                    ) =>
-                {
-                    continue
-                }
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-                    ) =>
-                {
-                    self.shared.counters.accept_error(&e);
-                    self.pause(cx);
-                    return true;
-                }
-                Err(e) => {
-                    self.shared
-                        .fatal(ConnectError::Io { endpoint: self.shared.local.to_string(), source: e });
-                    return false;
-                }
-            };
-            let peer = peer_endpoint(addr, &self.shared.local);
-            match Handshake::new(sock, peer.clone(), self.shared.clone(), cx.now()) {
-                Ok(task) => cx.spawn(Box::new(task)),
-                Err(err) => self.shared.failed(&peer, &err),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                ) =>
+            {
+                shared.counters.accept_error(&e);
+                return Taken::Pause;
             }
+            Err(e) => {
+                return Taken::Fatal(ConnectError::Io { endpoint: shared.local.to_string(), source: e })
+            }
+        };
+        let peer = peer_endpoint(addr, &shared.local);
+        match Handshake::new(sock, peer.clone(), shared.clone(), cx.now()) {
+            Ok(task) => cx.spawn(Box::new(task)),
+            Err(err) => shared.failed(&peer, &err),
         }
-        true
-    }
-
-    fn pause(&mut self, cx: &mut Cx<'_>) {
-        self.paused = true;
-        cx.set_timer(Some(cx.now() + PAUSE));
-    }
-}
-
-impl Task for AcceptTask {
-    fn fd(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.sock.as_fd())
-    }
-
-    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
-        if !self.registered {
-            self.shared.set_accepting(cx.waker());
-            self.registered = true;
-        }
-        if self.shared.close.is_closed() {
-            return Step::Done;
-        }
-        if self.paused && !cx.timer_due() {
-            return Step::Continue;
-        }
-        self.paused = false;
-        cx.set_timer(None);
-        if !self.accept_burst(cx) {
-            return Step::Done;
-        }
-        cx.set_interest(Interest { read: !self.paused, write: false });
-        Step::Continue
+        Taken::One
     }
 }
 

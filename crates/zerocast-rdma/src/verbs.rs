@@ -92,8 +92,12 @@ impl CompletionQueue {
     }
 
     /// Wait up to `ms` for a completion event and acknowledge it. Returns
-    /// whether one came. Without a channel, sleeps briefly instead.
+    /// whether one came. Without a channel, yields the CPU once instead.
     pub(crate) fn wait(&self, ms: c_int) -> io::Result<bool> {
+        if self.channel.is_none() {
+            std::thread::yield_now();
+            return Ok(false);
+        }
         if !self.readable(ms)? {
             return Ok(false);
         }
@@ -114,10 +118,7 @@ impl CompletionQueue {
 
     /// Take and acknowledge one pending completion event, if there is one.
     fn take_event(&self) -> bool {
-        let Some(ch) = self.channel else {
-            std::thread::yield_now();
-            return false;
-        };
+        let Some(ch) = self.channel else { return false };
         let mut cq: *mut ibv_cq = ptr::null_mut();
         let mut ctx = ptr::null_mut();
         // SAFETY: live channel, valid out-pointers; the fd is non-blocking.

@@ -371,7 +371,11 @@ impl Task for Handshake {
             self.shared.failed(&self.peer, &err);
             return Step::Done;
         }
-        if cx.now() >= self.deadline || self.shared.close.is_closed() {
+        // The listener closed: nobody takes the connection.
+        if self.shared.close.is_closed() {
+            return Step::Done;
+        }
+        if cx.now() >= self.deadline {
             let err = ConnectError::Timeout("rdma_cm: accepting".into());
             self.shared.failed(&self.peer, &err);
             return Step::Done;

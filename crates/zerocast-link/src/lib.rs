@@ -14,11 +14,10 @@
 //! crate only puts it behind a mutex and wakes the right thread.
 //!
 //! Heartbeats live here too: with an interval negotiated in the hello, the
-//! writer ([`Driver::drive_writer`] at its deadline, or [`Driver::run_writer`])
-//! sends an empty credit frame when nothing else went out for an interval,
-//! and fails the connection with [`ConnError::HeartbeatTimeout`] when
-//! nothing came from the peer for [`zerocast_core::HEARTBEAT_MISSES`]
-//! intervals.
+//! writer ([`Driver::drive_writer`] at its deadline) sends an empty credit
+//! frame when nothing else went out for an interval, and fails the
+//! connection with [`ConnError::HeartbeatTimeout`] when nothing came from
+//! the peer for [`zerocast_core::HEARTBEAT_MISSES`] intervals.
 //!
 //! And the [`engine`]: one thread that drives many connections as
 //! non-blocking tasks, so that a backend needs no thread per connection.

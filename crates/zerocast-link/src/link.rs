@@ -41,7 +41,7 @@ pub struct LinkStats {
     /// Messages delivered and not yet taken by `recv`.
     pub queued: usize,
     /// Data frames the sending thread wrote itself, with no hand-off to
-    /// the backend's writer thread (see [`crate::Wire`]).
+    /// the engine (see [`crate::Wire`]).
     pub direct_sends: u64,
 }
 

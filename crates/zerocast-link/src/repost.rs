@@ -2,13 +2,13 @@
 //!
 //! A reposting backend (RDMA) gets every released receive buffer back to
 //! post it again before its credit returns. By default the buffer travels
-//! to the backend's reposting thread ([`crate::Reposts`]): one thread
-//! hand-off per message. A backend whose receive queue any thread may post
-//! to installs a [`Repost`] hook with [`Driver::install_reposter`] instead,
-//! and the thread that drops the [`crate::RecvBuf`] posts it itself; the
-//! credit then goes out with that thread's next frame. What the hook cannot
-//! do without waiting (a fresh buffer for one of another size, say) it hands
-//! on to the reposting thread.
+//! to the backend's engine task through [`crate::Reposts`] (which wakes
+//! it): one hand-off per message. A backend whose receive queue any thread
+//! may post to installs a [`Repost`] hook with [`Driver::install_reposter`]
+//! instead, and the thread that drops the [`crate::RecvBuf`] posts it
+//! itself; the credit then goes out with that thread's next frame. What the
+//! hook cannot do without waiting (a fresh buffer for one of another size,
+//! say) it hands on to the engine task.
 
 use zerocast_core::ConnError;
 use zerocast_mem::Buf;
@@ -23,7 +23,7 @@ pub enum Reposted {
     /// The connection is shutting down: no receive is posted any more, and
     /// the buffer went back to the pool.
     Closing,
-    /// Not on this thread: the backend's reposting thread takes it.
+    /// Not on this thread: the backend's engine task takes it.
     Later(Buf),
     /// Posting failed, and the backend has stopped its device side: the
     /// connection fails with this error.
@@ -101,18 +101,18 @@ mod tests {
         drop(msg);
         assert_eq!(*seen.lock().unwrap(), vec![100]);
         assert_eq!(link.stats().held, 0, "the credit returned once the hook posted the buffer");
-        assert!(reposts.try_recv().is_err(), "nothing went to the reposting thread");
+        assert!(reposts.try_recv().is_err(), "nothing went to the engine task");
     }
 
     #[test]
-    fn what_the_hook_defers_goes_to_the_reposting_thread_with_its_credit_still_held() {
+    fn what_the_hook_defers_goes_to_the_engine_task_with_its_credit_still_held() {
         let (link, driver, reposts, seen) = open(Reposted::Later);
         arrive(&link, &driver, 0, 7);
         drop(link.recv(None).unwrap());
         assert_eq!(seen.lock().unwrap().len(), 1);
         let buf = reposts.try_recv().unwrap().expect("the buffer itself");
         assert_eq!(buf.len(), 7);
-        assert_eq!(link.stats().held, 1, "the reposting thread returns the credit");
+        assert_eq!(link.stats().held, 1, "the engine task returns the credit");
         driver.on_reposted();
         assert_eq!(link.stats().held, 0);
     }

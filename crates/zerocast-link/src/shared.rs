@@ -282,8 +282,8 @@ impl Shared {
                 Reposted::Failed(e) => return self.fail(&mut self.lock(), e),
             },
         };
-        // The backend's reposting thread (or engine task, woken here)
-        // posts it and returns the credit. If the backend is gone, the
+        // The backend's engine task, woken here, posts it and returns
+        // the credit. If the backend is gone, the
         // buffer simply returns to the pool.
         let _ = tx.try_send(Some(buf));
         self.kick();

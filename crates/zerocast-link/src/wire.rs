@@ -1,13 +1,13 @@
 //! Writing frames from the sending thread itself.
 //!
 //! A backend whose write path any thread may drive (a TCP socket, the
-//! in-process queues) hands it to [`Driver::run_writer`] as a [`Wire`]. Its
-//! writer thread then writes through it, and so may a sending thread: when
-//! nothing is queued for the writer, few frames are in flight (so batching
-//! would gain nothing) and no write is in progress, [`crate::Link::send`]
-//! stamps its frame and writes it at once, without a hand-off to the writer
-//! thread. That is one thread wake-up less on the latency path; under load
-//! small frames queue up and go out in batches as before. Large frames
+//! in-process queues, an RC send queue) hands it to [`Driver::attach`] as
+//! a [`Wire`]. Its engine task then writes through it, and so may a sending
+//! thread: when nothing is queued for the writer, few frames are in flight
+//! (so batching would gain nothing) and no write is in progress,
+//! [`crate::Link::send`] stamps its frame and writes it at once, without a
+//! hand-off to the engine. That is one thread wake-up less on the latency
+//! path; under load small frames queue up and go out in batches as before. Large frames
 //! ([`DIRECT_LARGE`]) are written by their sender whenever the wire is free.
 //!
 //! Order: every frame is stamped and written while the wire's lock is held,
@@ -30,10 +30,10 @@ pub(crate) const DIRECT_MAX_OUTSTANDING: u32 = 4;
 
 /// A frame this large is written by its sending thread whenever the wire
 /// is free, however many are in flight: it is one write of its own in any
-/// batch, so a hand-off to the writer thread would only add a wake-up.
+/// batch, so a hand-off to the engine would only add a wake-up.
 pub(crate) const DIRECT_LARGE: usize = 16 * 1024;
 
-/// A backend's write path, driven by its writer thread and by sending threads.
+/// A backend's write path, driven by its engine task and by sending threads.
 pub trait Wire: Send {
     /// Write `frames`, in order, now, on the calling thread. Called with the
     /// wire's lock held, so no other frame is written meanwhile. A wire

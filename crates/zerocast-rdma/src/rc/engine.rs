@@ -406,7 +406,8 @@ pub(crate) fn register(engine: &Engine, io: &Arc<Io>, driver: Driver, reposts: R
 
 /// Reposts a released receive buffer on the thread that released it, when
 /// it is a receive buffer (a rendezvous message's buffer, of another size,
-/// goes to the reposting thread, which may wait for a fresh one).
+/// goes to the engine task, which gets a fresh one without waiting, or
+/// tries again shortly).
 struct Reposter(Arc<Io>);
 
 impl Repost for Reposter {

@@ -179,6 +179,10 @@ struct Inbound {
 pub(crate) struct Rendezvous {
     /// Our payloads the peer reads, with their grants, oldest first.
     outbound: Mutex<VecDeque<Lent>>,
+    /// Grants taken out of `outbound` whose deregistration has not
+    /// returned yet: until it has, the peer may still reach them, so
+    /// [`Rendezvous::has_outbound`] counts them.
+    revoking: AtomicUsize,
     inbound: Mutex<Inbound>,
     /// Frames are held behind a rendezvous: `inbound` has a READ active or
     /// frames held. Written and read only by the thread polling the CQ,
@@ -205,6 +209,7 @@ impl Rendezvous {
         finish.write(0, &Header::new(FrameKind::Rendezvous, 0, 0, 0).encode());
         Self {
             outbound: Mutex::new(VecDeque::with_capacity(MAX_PENDING)),
+            revoking: AtomicUsize::new(0),
             inbound: Mutex::new(Inbound {
                 active: None,
                 held: VecDeque::with_capacity(held_capacity),
@@ -242,19 +247,29 @@ impl Rendezvous {
     /// The peer finished reading our oldest payload: revoke its grant, then
     /// release it (outside the lock: deregistering is a system call).
     pub(crate) fn on_finish(&self) -> Result<(), RcError> {
-        let lent = lock(&self.outbound).pop_front();
+        let lent = {
+            let mut out = lock(&self.outbound);
+            let lent = out.pop_front();
+            if lent.is_some() {
+                self.revoking.fetch_add(1, Ordering::AcqRel);
+            }
+            lent
+        };
         match lent {
             Some(lent) => {
                 drop(lent);
+                self.revoking.fetch_sub(1, Ordering::AcqRel);
                 Ok(())
             }
             None => Err(RcError::BadFrame("rendezvous finish with no rendezvous pending".into())),
         }
     }
 
-    /// Whether the peer still has payloads of ours to read.
+    /// Whether the peer may still reach a payload of ours: one is lent, or
+    /// its grant is being revoked right now.
     pub(crate) fn has_outbound(&self) -> bool {
-        !lock(&self.outbound).is_empty()
+        let out = lock(&self.outbound);
+        !out.is_empty() || self.revoking.load(Ordering::Acquire) > 0
     }
 
     /// No READ or finish of ours is in the device's hands.
@@ -270,8 +285,14 @@ impl Rendezvous {
     /// is destroyed. Grants are revoked either way: a revoked grant reaches
     /// nothing, so its buffer may go back to the pool.
     pub(crate) fn clear(&self, flushed: bool) {
-        let lent = std::mem::take(&mut *lock(&self.outbound));
+        let lent = {
+            let mut out = lock(&self.outbound);
+            self.revoking.fetch_add(out.len(), Ordering::AcqRel);
+            std::mem::take(&mut *out)
+        };
+        let n = lent.len();
         drop(lent);
+        self.revoking.fetch_sub(n, Ordering::AcqRel);
         let mut st = lock(&self.inbound);
         if flushed {
             st.active = None;

@@ -1,4 +1,4 @@
-//! Many `tcp://` connections at once: a server in this process, the clients
+//! Many connections at once (`tcp://`, or any [`Spec`]): a server in this process, the clients
 //! in a child process (this test binary run again), so that each process
 //! holds one end of each connection and needs one descriptor per
 //! connection, within the usual hard limit of open files (the client role
@@ -18,8 +18,30 @@ use zerocast::{Connection, Listener, Zerocast};
 
 use crate::{checksum, process};
 
-/// The size of each message: its index, length and checksum, and a body.
+/// The size of each message over `tcp://`: its index, length and
+/// checksum, and a body.
 pub const MSG_LEN: usize = 64;
+
+/// What a many-connections test opens.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    /// Where the server listens (its port 0).
+    pub listen: fn() -> String,
+    /// The context each process opens (the same settings on both sides).
+    pub zerocast: fn() -> Zerocast,
+    /// Descriptors each connection end holds.
+    pub fds_per_conn: u64,
+    /// The length of the message connection `i` carries (at least 32).
+    pub msg_len: fn(usize) -> usize,
+}
+
+/// `tcp://` on loopback, at defaults, with [`MSG_LEN`]-byte messages.
+pub const TCP: Spec = Spec {
+    listen: || "tcp://127.0.0.1:0".to_owned(),
+    zerocast: Zerocast::new,
+    fds_per_conn: 1,
+    msg_len: |_| MSG_LEN,
+};
 
 /// The `tcp://` transport's I/O threads in a process: the default
 /// transport runs one engine thread that drives every connection and every
@@ -142,17 +164,24 @@ impl Drop for CloseOnPanic<'_> {
     }
 }
 
-/// Listen on `tcp://127.0.0.1:0` and start the client process (this
-/// binary's test `test_name`, which must call [`client_role`] first), which
-/// opens `n` connections and sends message `i` on the `i`th. The server
-/// thread calls `accepted(k)` after the `k`th accept, then echoes every
-/// message. Returns once the client process has checked every echo.
-pub fn open_and_echo(zc: &Zerocast, test_name: &str, n: usize, accepted: impl FnMut(usize) + Send) -> Opened {
-    process::raise_open_files(n as u64 + SPARE_FDS);
-    let listener = zc.listen("tcp://127.0.0.1:0").expect("listen");
+/// Listen on `spec.listen` and start the client process (this binary's
+/// test `test_name`, which must call [`client_role`] with the same `spec`
+/// first), which opens `n` connections and sends message `i` on the `i`th.
+/// The server thread calls `accepted(k)` after the `k`th accept, then
+/// echoes every message. Returns once the client process has checked every
+/// echo.
+pub fn open_and_echo(
+    zc: &Zerocast,
+    spec: &Spec,
+    test_name: &str,
+    n: usize,
+    accepted: impl FnMut(usize) + Send,
+) -> Opened {
+    process::raise_open_files(n as u64 * spec.fds_per_conn + SPARE_FDS);
+    let listener = zc.listen(&(spec.listen)()).expect("listen");
     let at = listener.local_endpoint().to_string();
     let mut child = Command::new(std::env::current_exe().expect("the test binary"))
-        .args(["--exact", test_name, "--nocapture", "--test-threads=1"])
+        .args(["--exact", test_name, "--include-ignored", "--nocapture", "--test-threads=1"])
         .env(CLIENT_ENV, format!("{at} {n}"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -217,12 +246,12 @@ fn serve(listener: &Listener, n: usize, mut accepted: impl FnMut(usize)) -> Vec<
 /// In the client process (started by [`open_and_echo`]), play the clients
 /// and return `true`: the test then returns at once. `opened(k)` runs
 /// after the `k`th connection is up. Elsewhere, return `false`.
-pub fn client_role(mut opened: impl FnMut(usize)) -> bool {
+pub fn client_role(spec: &Spec, mut opened: impl FnMut(usize)) -> bool {
     let Ok(how) = std::env::var(CLIENT_ENV) else { return false };
     let (at, n) = how.split_once(' ').expect("ENDPOINT N");
     let n: usize = n.parse().expect("N");
-    process::raise_open_files(n as u64 + SPARE_FDS);
-    let zc = Zerocast::new();
+    process::raise_open_files(n as u64 * spec.fds_per_conn + SPARE_FDS);
+    let zc = (spec.zerocast)();
     let start = Instant::now();
     let mut conns = Vec::with_capacity(n);
     for i in 0..n {
@@ -234,7 +263,7 @@ pub fn client_role(mut opened: impl FnMut(usize)) -> bool {
     let open_time = start.elapsed();
     let start = Instant::now();
     for (i, conn) in conns.iter().enumerate() {
-        let mut msg = conn.alloc(MSG_LEN).expect("alloc");
+        let mut msg = conn.alloc((spec.msg_len)(i)).expect("alloc");
         checksum::write(i as u64, &mut msg);
         conn.send_timeout(msg, STEP).unwrap_or_else(|e| panic!("client: send on connection {i}: {e}"));
     }
@@ -244,7 +273,7 @@ pub fn client_role(mut opened: impl FnMut(usize)) -> bool {
         let seq =
             checksum::verify(&echo).unwrap_or_else(|e| panic!("client: the echo on connection {i}: {e}"));
         assert_eq!(seq, i as u64, "client: connection {i} got the echo of connection {seq}");
-        assert_eq!(echo.len(), MSG_LEN, "client: the echo on connection {i} changed length");
+        assert_eq!(echo.len(), (spec.msg_len)(i), "client: the echo on connection {i} changed length");
     }
     println!("{READY} {} {}", open_time.as_micros(), start.elapsed().as_micros());
     // Hold every connection until the server side is done measuring: it

@@ -33,11 +33,12 @@ fn ten_thousand_idle_connections_cost_no_cpu() {
     assert_eq!(zc.config().link.heartbeat, None, "heartbeats are off by default");
     // A thread per connection fails here, early, not by running the
     // process out of threads (see `scale_tcp` for the bound).
-    if many::client_role(many::check_threads_every("client process")) {
+    if many::client_role(&many::TCP, many::check_threads_every("client process")) {
         return;
     }
     let opened = many::open_and_echo(
         &zc,
+        &many::TCP,
         "ten_thousand_idle_connections_cost_no_cpu",
         CONNS,
         many::check_threads_every("server process"),

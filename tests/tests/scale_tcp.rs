@@ -20,13 +20,14 @@ const CONNS: usize = 10_000;
 
 #[test]
 fn ten_thousand_connections_run_on_a_few_threads() {
-    if many::client_role(many::check_threads_every("client process")) {
+    if many::client_role(&many::TCP, many::check_threads_every("client process")) {
         return;
     }
     let start = Instant::now();
     let rss_before = Proc::me().rss_kib();
     let opened = many::open_and_echo(
         &Zerocast::new(),
+        &many::TCP,
         "ten_thousand_connections_run_on_a_few_threads",
         CONNS,
         many::check_threads_every("server process"),

@@ -72,5 +72,5 @@ pub use error::DeviceError;
 pub use mr::{Access, MemoryRegion, VerbsRegistrar};
 pub use rc::{
     pool_config_for, wc_status_name, CompletionMode, Exposure, OneSided, OneSidedError, Rc, RcConfig,
-    RcConnection, RcError, RcListener, RcTransport, RemoteRegion, SrqStats, RENDEZVOUS_RECEIVES,
+    RcConnection, RcError, RcListener, RcTransport, RecvMemory, RemoteRegion, SrqStats, RENDEZVOUS_RECEIVES,
 };

@@ -17,9 +17,10 @@ use zerocast_core::{ConnError, ConnectError, Endpoint, Hello, LinkConfig};
 use zerocast_link::engine::{Cx, Interest, Step, Task};
 use zerocast_link::Driver;
 
+use super::engine::{Io, Receives, Sizes};
 use super::listen::{AcceptTask, Intake, RcListener, Shared, Taken};
-use super::srq::{Member, SharedRecv};
-use super::{engine::Io, resolve, transport_err, RcConnection, RcError, RcTransport};
+use super::srq::SharedRecv;
+use super::{resolve, transport_err, RcConnection, RcError, RcTransport};
 use crate::cm::{context_name, CmEvent, CmId, EventChannel, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT};
 use crate::error::errno_from_rc;
 use crate::verbs::QueuePair;
@@ -102,24 +103,27 @@ fn check_device(t: &RcTransport, id: &CmId) -> Result<(), ConnectError> {
     Ok(())
 }
 
-/// Create the QP on `id` and post the receives (or, for a connection
-/// admitted to a listener's shared receive queue, take its receives from it).
+/// Create the QP on `id` with the receives `shaped` chose, and post them
+/// (or, for a connection admitted to a listener's shared receive queue,
+/// take them from it).
 fn prepare(
     t: &RcTransport,
     id: &Arc<CmId>,
-    link: &LinkConfig,
-    srq: Option<Member>,
+    (sizes, receives): (Sizes, Receives),
 ) -> Result<Arc<Io>, ConnectError> {
-    let sizes = t.sizes(link).map_err(transport_err)?;
+    let shared = match &receives {
+        Receives::Shared(m) => Some(m.shared().srq().clone()),
+        Receives::Own(_) => None,
+    };
     let cq = t.cq(&sizes).map_err(transport_err)?;
-    let shared = srq.as_ref().map(|m| m.shared().srq());
-    let qp = QueuePair::create_cm(id, &t.inner.pd, &cq, t.caps(&sizes, shared))
+    let qp = QueuePair::create_cm(id, &t.inner.pd, &cq, t.caps(&sizes, shared.as_ref()))
         .map_err(|e| transport_err(RcError::verbs("rdma_create_qp", e)))?;
-    t.new_io(qp, cq, sizes, srq).map_err(transport_err)
+    t.new_io(qp, cq, sizes, receives).map_err(transport_err)
 }
 
-/// Private data of a rejection for a full shared receive queue.
-const SRQ_FULL: &[u8] = b"ZCSRQFULL";
+/// Private data of a rejection for want of receives: the listener's
+/// shared receive queue is full, or its receive memory is all reserved.
+const NO_ROOM: &[u8] = b"ZCSRQFULL";
 
 fn peer_hello(data: &[u8], peer: &Endpoint) -> Result<Hello, ConnectError> {
     Hello::decode(data)
@@ -153,9 +157,8 @@ pub(super) fn connect(
     check_device(t, &id)?;
     set_ack_timeout(&id, t.inner.cfg.timeout);
     let id = Arc::new(id);
-    let io = prepare(t, &id, &link, None)?;
-    let buf_size = t.sizes(&link).map_err(transport_err)?.buf_size;
-    let hello = zerocast_link::hello_for(&link, buf_size).encode();
+    let io = prepare(t, &id, t.shaped(&link, None).map_err(transport_err)?)?;
+    let hello = t.hello(&link, &io).encode();
     let mut param = conn_param(t, &hello);
     // SAFETY: live id with a QP and a resolved route; `param` and `hello`
     // outlive the call (librdmacm copies the private data).
@@ -166,9 +169,10 @@ pub(super) fn connect(
     let e = next_event(&ch, deadline, "connecting")?;
     match e.kind() {
         ev::RDMA_CM_EVENT_ESTABLISHED => {}
-        ev::RDMA_CM_EVENT_REJECTED if e.private_data().starts_with(SRQ_FULL) => {
+        ev::RDMA_CM_EVENT_REJECTED if e.private_data().starts_with(NO_ROOM) => {
             return Err(ConnectError::Refused(format!(
-                "{ep}: the listener's shared receive queue has no share left for another connection"
+                "{ep}: the listener has no receives left for another connection (its shared receive \
+                 queue is full, or its receive memory is all reserved)"
             )))
         }
         ev::RDMA_CM_EVENT_REJECTED => {
@@ -300,12 +304,14 @@ impl Handshake {
                 return Err(err);
             }
         };
-        let member = match shared.srq.as_ref().map(SharedRecv::admit).transpose() {
-            Ok(m) => m,
+        let member = shared.srq.as_ref().map(SharedRecv::admit).transpose();
+        let shaped = match member.and_then(|m| t.shaped(&shared.link, m)) {
+            Ok(s) => s,
             Err(err) => {
                 tracing::debug!(%peer, error = %err, "rc listener: refusing a connection");
-                // Say why when the SRQ is full; other failures reject plainly.
-                let why = if matches!(err, RcError::SrqFull { .. }) { SRQ_FULL } else { &[] };
+                // Say why when there is no room; other failures reject plainly.
+                let no_room = matches!(err, RcError::SrqFull { .. } | RcError::ReceiveMemory { .. });
+                let why = if no_room { NO_ROOM } else { &[] };
                 let data = if why.is_empty() { ptr::null() } else { why.as_ptr().cast() };
                 // SAFETY: live id of a pending request; `data` is null or
                 // `why`, which outlives the call.
@@ -319,9 +325,8 @@ impl Handshake {
         check_device(t, &id)?;
         set_ack_timeout(&id, t.inner.cfg.timeout);
         let id = Arc::new(id);
-        let io = prepare(t, &id, &shared.link, member)?;
-        let buf_size = t.sizes(&shared.link).map_err(transport_err)?.buf_size;
-        let ours = zerocast_link::hello_for(&shared.link, buf_size).encode();
+        let io = prepare(t, &id, shaped)?;
+        let ours = t.hello(&shared.link, &io).encode();
         let mut param = conn_param(t, &ours);
         // SAFETY: live id with a QP; `param` and `ours` outlive the call.
         let rc = unsafe { rdma_sys::rdma_accept(id.as_ptr(), &mut param) };

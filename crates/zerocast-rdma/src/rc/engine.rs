@@ -32,6 +32,7 @@ use zerocast_link::{Driver, Repost, Reposted, Reposts};
 use zerocast_mem::{Buf, Pool, Wait};
 
 use crate::closing::Closing;
+use crate::rc::budget::Reservation;
 use crate::rc::one_sided;
 use crate::rc::rendezvous::{self, Rendezvous};
 use crate::rc::srq;
@@ -106,8 +107,32 @@ pub(crate) struct Io {
     /// go back to the pool only after the QP is destroyed.
     abandoned: Mutex<Vec<Buf>>,
     /// The listener's shared receive queue, when receives come from one
-    /// (then `recv` stays empty). Last: its share is released after the QP.
+    /// (then `recv` stays empty). Its share is released after the QP.
     srq: Option<srq::Member>,
+    /// The credit window this side announced.
+    recv_window: usize,
+    /// The receive memory reserved for `recv` (none with an SRQ). Last:
+    /// returned after the QP and the tables.
+    _reservation: Option<Reservation>,
+}
+
+/// Where a connection's receives come from.
+#[derive(Debug)]
+pub(crate) enum Receives {
+    /// Its own receive queue, its memory reserved against the budget.
+    Own(Reservation),
+    /// A listener's shared receive queue.
+    Shared(srq::Member),
+}
+
+impl Receives {
+    /// The shared receive queue the QP is created on, if any.
+    pub(crate) fn srq(&self) -> Option<Arc<crate::srq::Srq>> {
+        match self {
+            Receives::Shared(member) => Some(member.shared().srq().clone()),
+            Receives::Own(_) => None,
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -141,8 +166,12 @@ impl Io {
         sizes: Sizes,
         busy_poll: bool,
         ignore_credits: bool,
-        srq: Option<srq::Member>,
+        receives: Receives,
     ) -> Result<Arc<Self>, RcError> {
+        let (srq, reservation) = match receives {
+            Receives::Own(r) => (None, Some(r)),
+            Receives::Shared(m) => (Some(m), None),
+        };
         let reg = |e: zerocast_mem::RegisterError| RcError::Config(format!("registering header slots: {e}"));
         let posted = sizes.posted_receives();
         let send_hdr = HeaderSlab::new(qp.pd(), sizes.send_depth).map_err(reg)?;
@@ -177,6 +206,8 @@ impl Io {
             close_signal,
             abandoned: Mutex::new(Vec::new()),
             srq,
+            recv_window: sizes.recv_window,
+            _reservation: reservation,
         });
         // With a shared receive queue, the listener posted this
         // connection's share when it admitted it.
@@ -191,6 +222,16 @@ impl Io {
 
     pub(crate) fn qp(&self) -> &QueuePair {
         &self.qp
+    }
+
+    /// The credit window this side announced.
+    pub(crate) fn recv_window(&self) -> usize {
+        self.recv_window
+    }
+
+    /// The size of this connection's receive buffers.
+    pub(crate) fn buf_size(&self) -> usize {
+        self.buf_size
     }
 
     pub(crate) fn one_sided(&self) -> &one_sided::Table {

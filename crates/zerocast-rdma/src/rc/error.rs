@@ -119,6 +119,21 @@ pub enum RcError {
         /// Receives (credits) each connection is given.
         share: usize,
     },
+    /// The transport's receive-memory budget has no room for another
+    /// connection's receives, even at the lean shape (see
+    /// [`RcConfig::recv_memory`](super::RcConfig::recv_memory)).
+    #[error(
+        "no receive memory for another connection: {committed} of {limit} bytes are reserved and a \
+         connection needs {needed}; close connections, or raise `recv_memory` and the pool's cap"
+    )]
+    ReceiveMemory {
+        /// Bytes the lean shape needs.
+        needed: usize,
+        /// Bytes reserved by the open connections.
+        committed: usize,
+        /// The budget.
+        limit: usize,
+    },
     /// A setting is out of range.
     #[error("invalid RC setting: {0}")]
     Config(String),
@@ -193,6 +208,7 @@ impl Classify for RcError {
             | RcError::Verbs { .. }
             | RcError::Config(_)
             | RcError::Pool { .. }
+            | RcError::ReceiveMemory { .. }
             | RcError::Register { .. }
             | RcError::WrongDevice { .. } => ErrorKind::LocalResource,
         }

@@ -17,6 +17,7 @@
 //! buffer was posted again. A listener with a shared receive queue (`srq`)
 //! keeps that true across its connections; see `srq` for the argument.
 
+mod budget;
 mod cm_path;
 mod engine;
 mod error;
@@ -43,6 +44,7 @@ use zerocast_link::engine::{Engine, Engines};
 use zerocast_link::{Flavor, LinkSetup};
 use zerocast_mem::{Pool, PoolConfig};
 
+pub use budget::RecvMemory;
 pub use error::{wc_status_name, RcError};
 pub use listen::RcListener;
 pub use one_sided::{Exposure, OneSided, OneSidedError, RemoteRegion};
@@ -59,7 +61,8 @@ use crate::device::{Device, ProtectionDomain};
 use crate::mr::{Access, VerbsRegistrar};
 use crate::srq::{AsyncEvents, Srq};
 use crate::verbs::{CompletionQueue, QpCaps};
-use engine::{Io, Sizes};
+use budget::{RecvBudget, Shape};
+use engine::{Io, Receives, Sizes};
 use srq::{Member, SharedRecv, SrqSizes};
 
 /// The RC flavor of [`zerocast_link::Connection`].
@@ -93,7 +96,8 @@ pub enum CompletionMode {
 #[non_exhaustive]
 pub struct RcConfig {
     /// Credits, payload limit and batching. `recv_window` receives are
-    /// posted per connection.
+    /// posted per connection while the receive-memory budget allows it
+    /// (see `recv_memory`).
     pub link: LinkConfig,
     /// Device name (default: `ZEROCAST_RDMA_DEV`, else the first device
     /// with an active port).
@@ -102,6 +106,18 @@ pub struct RcConfig {
     pub gid_index: Option<u8>,
     /// Send queue depth (signalled sends in flight).
     pub send_depth: u32,
+    /// Receive memory, in bytes, all connections of this transport may keep
+    /// posted (default, `None`: three quarters of the pool's cap). Each
+    /// connection reserves its receives against it: the full shape
+    /// (`link.recv_window` buffers of `eager_limit` bytes, plus
+    /// [`RENDEZVOUS_RECEIVES`]) while that keeps the reserved bytes within
+    /// a quarter of the budget, else a lean shape (a window of 8 and
+    /// buffers of 8 KiB, 128 KiB in all; larger messages go by rendezvous).
+    /// A connection that finds no room even for that is refused with
+    /// [`RcError::ReceiveMemory`]. Connections admitted to a listener's
+    /// shared receive queue (`srq`) use its receives instead. So the default
+    /// pool holds over a thousand connections.
+    pub recv_memory: Option<usize>,
     /// Size of the posted receive buffers. Larger messages, up to
     /// `link.max_payload`, go by rendezvous: the receiver RDMA-READs them
     /// straight from the sender's buffer.
@@ -160,6 +176,7 @@ impl Default for RcConfig {
             device: std::env::var("ZEROCAST_RDMA_DEV").ok().filter(|s| !s.is_empty()),
             gid_index: None,
             send_depth: 128,
+            recv_memory: None,
             eager_limit: 64 << 10,
             max_inline: 256,
             rnr_retry: 7,
@@ -345,6 +362,8 @@ struct Inner {
     cfg: RcConfig,
     /// The device's async events (SRQ limits), read while an SRQ exists.
     events: Arc<AsyncEvents>,
+    /// Receive memory the connections have reserved, and its limit.
+    recv_budget: Arc<RecvBudget>,
 }
 
 /// The RC transport: one device, one protection domain and a pool
@@ -389,7 +408,8 @@ impl RcTransport {
         log_device(&device, &pd, cfg.max_inline);
         let events =
             AsyncEvents::new(device.context()).map_err(|e| transport_err(RcError::verbs("eventfd", e)))?;
-        Ok(Self { inner: Arc::new(Inner { engines, device, pd, pool, cfg, events }) })
+        let recv_budget = RecvBudget::new(cfg.recv_memory.unwrap_or(pool.config().max_bytes / 4 * 3));
+        Ok(Self { inner: Arc::new(Inner { engines, device, pd, pool, cfg, events, recv_budget }) })
     }
 
     /// The registered pool every connection of this transport uses.
@@ -400,6 +420,12 @@ impl RcTransport {
     /// The device.
     pub fn device(&self) -> &Device {
         &self.inner.device
+    }
+
+    /// The receive memory the connections reserved, and the budget (see
+    /// [`RcConfig::recv_memory`]).
+    pub fn recv_memory(&self) -> RecvMemory {
+        self.inner.recv_budget.usage()
     }
 
     /// The settings.
@@ -444,6 +470,31 @@ impl RcTransport {
             send_depth: (self.inner.cfg.send_depth as usize).min(max_wr),
             buf_size,
         })
+    }
+
+    /// The receives of a new connection: the configured shape while the
+    /// receive-memory budget allows it, else the lean one, reserved (see
+    /// `budget.rs`). A connection admitted to a shared receive queue takes
+    /// its receives from there and keeps the configured shape.
+    fn shaped(&self, link: &LinkConfig, srq: Option<Member>) -> Result<(Sizes, Receives), RcError> {
+        let sizes = self.sizes(link)?;
+        if let Some(member) = srq {
+            return Ok((sizes, Receives::Shared(member)));
+        }
+        let full = Shape { window: sizes.recv_window, buf_size: sizes.buf_size };
+        let lean_buf = self.inner.pool.class_for(budget::LEAN_BUF.max(rendezvous::REQUEST_LEN));
+        let lean = Shape {
+            window: full.window.min(budget::LEAN_WINDOW),
+            buf_size: lean_buf.map_or(full.buf_size, |b| b.min(full.buf_size)),
+        };
+        let (shape, reservation) = self.inner.recv_budget.reserve(full, lean)?;
+        let sizes = Sizes { recv_window: shape.window, buf_size: shape.buf_size, ..sizes };
+        Ok((sizes, Receives::Own(reservation)))
+    }
+
+    /// Our hello for a connection on `io`: its own window and buffer size.
+    fn hello(&self, link: &LinkConfig, io: &Io) -> Hello {
+        zerocast_link::hello_for(&link.with_recv_window(io.recv_window() as u32), io.buf_size())
     }
 
     fn cq(&self, sizes: &Sizes) -> Result<Arc<CompletionQueue>, RcError> {
@@ -495,10 +546,13 @@ impl RcTransport {
         qp: crate::verbs::QueuePair,
         cq: Arc<CompletionQueue>,
         sizes: Sizes,
-        srq: Option<Member>,
+        receives: Receives,
     ) -> Result<Arc<Io>, RcError> {
         let cfg = &self.inner.cfg;
-        let srq = srq.map(|m| m.with_cq(&cq));
+        let receives = match receives {
+            Receives::Shared(m) => Receives::Shared(m.with_cq(&cq)),
+            own => own,
+        };
         Io::new(
             qp,
             cq,
@@ -506,7 +560,7 @@ impl RcTransport {
             sizes,
             cfg.completion == CompletionMode::BusyPoll,
             cfg.unsafe_ignore_credits_for_tests,
-            srq,
+            receives,
         )
     }
 
@@ -527,6 +581,8 @@ impl RcTransport {
             return Err(handshake(ConnError::transport(RcError::Config(msg))));
         }
         io.rendezvous().set_peer_eager(peer_hello.recv_buf_size as usize);
+        // The window this side announced: its shape's.
+        let link = link.with_recv_window(io.recv_window() as u32);
         let setup = LinkSetup {
             config: link,
             peer_hello,

@@ -16,8 +16,7 @@ use rdma_sys::{ibv_access_flags, ibv_gid, ibv_qp_attr, ibv_qp_attr_mask as m, ib
 use zerocast_core::{ConnError, ConnectError, Endpoint, Hello, LinkConfig};
 use zerocast_link::engine::{Cx, Interest, Step, Task};
 
-use super::engine::Io;
-use super::srq::Member;
+use super::engine::{Io, Receives, Sizes};
 use super::{resolve, transport_err, RcConnection, RcError, RcTransport};
 use crate::verbs::QueuePair;
 
@@ -230,33 +229,25 @@ pub(super) struct Ours {
 }
 
 impl Ours {
-    /// Create the QP (on the listener's shared receive queue when
-    /// `member` is its share) and bring it to INIT.
+    /// Create the QP with the receives `shaped` chose (on the listener's
+    /// shared receive queue when they come from it) and bring it to INIT.
     pub(super) fn open(
         t: &RcTransport,
         ep: &Endpoint,
         link: &LinkConfig,
-        member: Option<Member>,
+        (sizes, receives): (Sizes, Receives),
     ) -> Result<Self, ConnectError> {
         let local = local_port(t, ep).map_err(transport_err)?;
-        let sizes = t.sizes(link).map_err(transport_err)?;
+        let shared = receives.srq();
         let cq = t.cq(&sizes).map_err(transport_err)?;
-        let shared = member.as_ref().map(|admitted| admitted.shared().srq());
-        let qp = QueuePair::create(&t.inner.pd, &cq, t.caps(&sizes, shared))
+        let qp = QueuePair::create(&t.inner.pd, &cq, t.caps(&sizes, shared.as_ref()))
             .map_err(|e| transport_err(RcError::verbs("ibv_create_qp", e)))?;
         to_init(&qp, local.qp_port).map_err(transport_err)?;
         let qpn = qp.qp_num();
-        let io = t.new_io(qp, cq, sizes, member).map_err(transport_err)?;
+        let io = t.new_io(qp, cq, sizes, receives).map_err(transport_err)?;
         let psn = random_psn();
-        let info = OobInfo {
-            hello: zerocast_link::hello_for(link, sizes.buf_size),
-            qpn,
-            psn,
-            lid: local.lid,
-            gid: local.gid,
-            rkey: 0,
-            addr: 0,
-        };
+        let info =
+            OobInfo { hello: t.hello(link, &io), qpn, psn, lid: local.lid, gid: local.gid, rkey: 0, addr: 0 };
         Ok(Self { io, local, psn, info })
     }
 
@@ -267,7 +258,7 @@ impl Ours {
 }
 
 /// Whether a record is the listener's refusal (its shared receive queue
-/// is full).
+/// is full, or its receive memory all reserved).
 pub(super) fn is_refusal(record: &[u8; INFO_LEN]) -> bool {
     &record[..4] == REFUSED
 }
@@ -299,13 +290,14 @@ fn establish(
     let handshake = |source: ConnError| ConnectError::Handshake { endpoint: peer.to_string(), source };
     sock.set_nodelay(true).map_err(io_err)?;
     sock.set_read_timeout(Some(t.inner.cfg.connect_timeout)).map_err(io_err)?;
-    let ours = Ours::open(t, ep, &link, None)?;
+    let ours = Ours::open(t, ep, &link, t.shaped(&link, None).map_err(transport_err)?)?;
     sock.write_all(&ours.info.encode()).map_err(io_err)?;
     let mut buf = [0u8; INFO_LEN];
     sock.read_exact(&mut buf).map_err(io_err)?;
     if is_refusal(&buf) {
         return Err(ConnectError::Refused(format!(
-            "{peer}: the listener's shared receive queue has no share left for another connection"
+            "{peer}: the listener has no receives left for another connection (its shared receive \
+             queue is full, or its receive memory is all reserved)"
         )));
     }
     let theirs = OobInfo::decode(&buf).map_err(handshake)?;

@@ -223,8 +223,9 @@ impl Handshake {
         let theirs = OobInfo::decode(&self.record)
             .map_err(|source| ConnectError::Handshake { endpoint: self.peer.to_string(), source })?;
         let t = &self.shared.transport;
-        let member = match self.shared.srq.as_ref().map(SharedRecv::admit).transpose() {
-            Ok(m) => m,
+        let member = self.shared.srq.as_ref().map(SharedRecv::admit).transpose();
+        let shaped = match member.and_then(|m| t.shaped(&self.shared.link, m)) {
+            Ok(s) => s,
             Err(err) => {
                 tracing::debug!(peer = %self.peer, error = %err, "rc+oob listener: refusing a connection");
                 // Small enough for any socket buffer; best effort.
@@ -233,7 +234,7 @@ impl Handshake {
                 return Err(transport_err(err));
             }
         };
-        let ours = Ours::open(t, &self.shared.local, &self.shared.link, member)?;
+        let ours = Ours::open(t, &self.shared.local, &self.shared.link, shaped)?;
         ours.connect_to(t, &theirs)?;
         self.answer[..INFO_LEN].copy_from_slice(&ours.info.encode());
         self.answer[INFO_LEN] = b'R';

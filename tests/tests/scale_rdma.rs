@@ -1,0 +1,88 @@
+//! 1 000 `rc://` connections open at once at default settings (the default
+//! pool, no query parameters; only `rnr_retry` is 0, so an RNR would fail
+//! the connection instead of being retried away), each carrying one
+//! checksummed message there and back, while each process runs a handful
+//! of threads. The server side is this process, the client side a child
+//! process (see `zerocast_tests::many`). Messages of 64 B to 60 KB go
+//! eager or by rendezvous, depending on the receive shape each end chose
+//! (see `RcConfig::recv_memory`). rxe's RNR counters must not move.
+//!
+//! Needs a verbs device: ignored on a plain `cargo test`; `scripts/test`
+//! runs it inside the Soft-RoCE guest. One test in this binary: it counts
+//! the process's threads.
+
+#![cfg(feature = "rdma")]
+
+use std::time::{Duration, Instant};
+
+use zerocast::rdma::RcConfig;
+use zerocast::{Config, Zerocast};
+use zerocast_tests::many::{self, Spec, ENGINES, OTHERS};
+use zerocast_tests::process::Proc;
+
+/// Connections open at the same time.
+const CONNS: usize = 1_000;
+
+const SPEC: Spec = Spec {
+    listen: || {
+        let addr = std::env::var("ZEROCAST_RDMA_ADDR").unwrap_or_else(|_| "10.0.2.15".to_owned());
+        format!("rc://{addr}:0")
+    },
+    zerocast: || Zerocast::with_config(Config::default().with_rc(RcConfig::default().with_rnr_retry(0))),
+    // The rdma_cm event channel and the completion channel.
+    fds_per_conn: 2,
+    msg_len: |i| [64, 2_000, 20_000, 60_000][i % 4],
+};
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn a_thousand_rc_connections_at_defaults_run_on_a_few_threads() {
+    if many::client_role(&SPEC, many::check_threads_every("client process")) {
+        return;
+    }
+    let rnr_before = zerocast_tests::rnr_counters();
+    let start = Instant::now();
+    let zc = (SPEC.zerocast)();
+    let opened = many::open_and_echo(
+        &zc,
+        &SPEC,
+        "a_thousand_rc_connections_at_defaults_run_on_a_few_threads",
+        CONNS,
+        many::check_threads_every("server process"),
+    );
+    let elapsed = start.elapsed();
+    let threads = many::check_threads("server process", CONNS);
+    let client_threads = opened.clients.proc().threads();
+    let rc = zc.rc().expect("the rc transport");
+    let memory = rc.recv_memory();
+    let pool = rc.pool().stats();
+    println!(
+        "{CONNS} rc:// connections: opened in {:?}, one echo each in {:?}, {elapsed:?} in all; with all \
+         open: {threads} threads in the server process, {client_threads} in the client process (bound \
+         {}); receive memory reserved {} MiB of {} MiB; pool {} MiB in {} regions; VmRSS {} MiB",
+        opened.open_time,
+        opened.echo_time,
+        ENGINES + OTHERS,
+        memory.reserved >> 20,
+        memory.limit >> 20,
+        pool.bytes >> 20,
+        pool.regions,
+        Proc::me().rss_kib() / 1024,
+    );
+    assert_eq!(opened.servers.len(), CONNS);
+    assert!(
+        client_threads <= ENGINES + OTHERS,
+        "client process: {client_threads} threads with {CONNS} connections open: more than {ENGINES} \
+         engine(s) + {OTHERS}"
+    );
+    assert!(memory.reserved > 0 && memory.reserved <= memory.limit, "{memory:?}");
+    assert_eq!(zerocast_tests::rnr_counters(), rnr_before, "RNR counters (received, sent) moved");
+    opened.finish();
+    // Closed connections give their receive memory back once their QPs
+    // are gone.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rc.recv_memory().reserved > 0 {
+        assert!(Instant::now() < deadline, "receive memory still reserved: {:?}", rc.recv_memory());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -72,7 +72,13 @@ impl Driver {
 
     /// A driver for reading only (see [`crate::Source`]).
     pub(crate) fn reader(&self) -> Self {
-        Self { shared: self.shared.clone(), _outgoing: None }
+        Self::reading(self.shared.clone())
+    }
+
+    /// A driver that reads and may write what is queued on the calling
+    /// thread, but does not own the queue's end.
+    pub(crate) fn reading(shared: Arc<Shared>) -> Self {
+        Self { shared, _outgoing: None }
     }
 
     /// Stamp `first` and, with `drain`, whatever else is queued into

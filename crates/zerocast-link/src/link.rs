@@ -139,7 +139,7 @@ impl Link {
                         drop(st);
                         // What this thread queued goes out now, from here,
                         // rather than waiting for the engine's thread.
-                        self.reader.write_queued_here();
+                        let _ = self.reader.write_queued_here();
                         let _ = self.reader.pump_as(None, false, Awaited::Nothing);
                         st = self.shared.lock();
                     }
@@ -271,7 +271,7 @@ impl Link {
             if let Some(d) = self.shared.delivered.try_pop() {
                 return Some(self.deliver(d));
             }
-            self.shared.fold_pending();
+            self.return_credits();
             // A source that is not woken by everything that concerns it
             // (see [`Driver::install_source`]) is pumped in slices.
             let slice = Instant::now() + self.shared.wait_slice();
@@ -350,8 +350,20 @@ impl Link {
             }
         }
         // A polling receiver waits too, in its way.
-        self.shared.fold_pending();
+        self.return_credits();
         Err(RecvError::Empty)
+    }
+
+    /// Before this receiving thread waits (or polls again): fold the
+    /// credits released so far and, if that makes a credit frame due,
+    /// write it from here when the wire is free, rather than wake the
+    /// engine's thread for it (which a spinning receiver may keep from a
+    /// core). Inlined: an empty `try_recv` calls it on every spin.
+    #[inline(always)]
+    fn return_credits(&self) {
+        if self.shared.has_released() {
+            self.shared.return_credits_here();
+        }
     }
 
     /// Pump the source on this thread ([`Driver::pump_as`]) with a

@@ -1,7 +1,7 @@
 //! State shared by the application handles and the backend's threads.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
@@ -13,7 +13,7 @@ use crate::queue::Queue;
 use crate::repost::{Repost, Reposted};
 use crate::source::SourceLock;
 use crate::wire::WireLock;
-use crate::LinkSetup;
+use crate::{Driver, LinkSetup};
 
 /// A work item for the backend's writer.
 #[derive(Debug)]
@@ -267,7 +267,7 @@ impl Shared {
 
     /// A received buffer was released: repost it (a reposting backend) or
     /// return it to the pool, and return its credit.
-    pub(crate) fn give_back(&self, buf: Buf) {
+    pub(crate) fn give_back(self: &Arc<Self>, buf: Buf) {
         let Some(tx) = &self.reposts else {
             drop(buf);
             self.release_one();
@@ -297,10 +297,26 @@ impl Shared {
     /// may wait for the peer. Every thread that stamps frames or waits
     /// folds first ([`Shared::fold_releases`]), so a pending credit never
     /// holds up the peer while this side waits, and rides on the next frame.
-    pub(crate) fn release_one(&self) {
+    ///
+    /// A credit frame that the fold makes due is written by the releasing
+    /// thread itself when the wire is free: a system call on this thread
+    /// rather than a wake-up of the engine's, which a busy-polling
+    /// receiver may keep from a core.
+    pub(crate) fn release_one(self: &Arc<Self>) {
         let pending = self.released.fetch_add(1, Ordering::AcqRel) + 1;
         if pending >= self.release_batch || self.delivered.is_empty() {
-            self.fold_releases(&mut self.lock());
+            self.return_credits_here();
+        }
+    }
+
+    /// Fold the pending releases; a credit frame that makes due is
+    /// written from the calling thread when the wire is free, else the
+    /// engine is woken for it.
+    #[inline(never)]
+    pub(crate) fn return_credits_here(self: &Arc<Self>) {
+        let due = self.fold_releases_here(&mut self.lock());
+        if due && !Driver::reading(self.clone()).write_queued_here() {
+            self.kick();
         }
     }
 
@@ -323,6 +339,29 @@ impl Shared {
         if self.released.load(Ordering::Acquire) > 0 {
             self.fold_releases(&mut self.lock());
         }
+    }
+
+    /// Whether released buffers wait to be folded into the credits.
+    #[inline(always)]
+    pub(crate) fn has_released(&self) -> bool {
+        self.released.load(Ordering::Acquire) > 0
+    }
+
+    /// [`Shared::fold_releases`] for a thread that writes the credit frame
+    /// it makes due itself: the writer's `Wake` is queued but the engine
+    /// is not woken. `true`: a `Wake` was queued, and the caller must
+    /// write it or wake the engine.
+    pub(crate) fn fold_releases_here(&self, st: &mut State) -> bool {
+        if self.released.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let n = self.released.swap(0, Ordering::AcqRel);
+        if st.credits.release_many(n).unwrap_or(false) && !st.wake_queued {
+            st.wake_queued = true;
+            let _ = self.tx.push(Outgoing::Wake);
+            return true;
+        }
+        false
     }
 
     /// The connection failed (the first error is kept): wake everyone.

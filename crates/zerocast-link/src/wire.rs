@@ -171,19 +171,26 @@ impl Driver {
     /// writing: for a sender that polls (`try_send` finding no credit), so
     /// that its queued frames go out without waiting for the engine's
     /// thread, which a spinning thread may keep from a core.
-    pub(crate) fn write_queued_here(&self) {
+    /// `false`: not written here (no engine drives it, or another thread
+    /// holds the wire), so whoever queued must wake the engine.
+    pub(crate) fn write_queued_here(&self) -> bool {
         let shared = &*self.shared;
-        if shared.waker.0.get().is_none() || shared.tx.is_empty() {
-            return;
+        if shared.waker.0.get().is_none() {
+            return false;
         }
-        let Some(wire) = shared.wire.0.get() else { return };
+        if shared.tx.is_empty() {
+            return true;
+        }
+        let Some(wire) = shared.wire.0.get() else { return false };
         let mut w = match wire.try_lock() {
             Ok(w) => w,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return,
+            Err(TryLockError::WouldBlock) => return false,
         };
-        // What is left (a backlog, the end) is the engine's to act on.
+        // What is left (a backlog, the end) is the engine's to act on: the
+        // wire wakes it for a backlog, a failure or the end does too.
         let _ = self.write_queued(&mut **w, &WireCtx { shared }, false);
+        true
     }
 
     /// Stamp and write, through `w` (whose lock the caller holds), what is

@@ -20,7 +20,7 @@ use zerocast_link::Driver;
 use super::engine::{Io, Receives, Sizes};
 use super::listen::{AcceptTask, Intake, RcListener, Shared, Taken};
 use super::srq::SharedRecv;
-use super::{resolve, transport_err, RcConnection, RcError, RcTransport};
+use super::{no_room, resolve, transport_err, RcConnection, RcError, RcTransport};
 use crate::cm::{context_name, CmEvent, CmId, EventChannel, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT};
 use crate::error::errno_from_rc;
 use crate::verbs::QueuePair;
@@ -111,10 +111,7 @@ fn prepare(
     id: &Arc<CmId>,
     (sizes, receives): (Sizes, Receives),
 ) -> Result<Arc<Io>, ConnectError> {
-    let shared = match &receives {
-        Receives::Shared(m) => Some(m.shared().srq().clone()),
-        Receives::Own(_) => None,
-    };
+    let shared = receives.srq();
     let cq = t.cq(&sizes).map_err(transport_err)?;
     let qp = QueuePair::create_cm(id, &t.inner.pd, &cq, t.caps(&sizes, shared.as_ref()))
         .map_err(|e| transport_err(RcError::verbs("rdma_create_qp", e)))?;
@@ -169,12 +166,7 @@ pub(super) fn connect(
     let e = next_event(&ch, deadline, "connecting")?;
     match e.kind() {
         ev::RDMA_CM_EVENT_ESTABLISHED => {}
-        ev::RDMA_CM_EVENT_REJECTED if e.private_data().starts_with(NO_ROOM) => {
-            return Err(ConnectError::Refused(format!(
-                "{ep}: the listener has no receives left for another connection (its shared receive \
-                 queue is full, or its receive memory is all reserved)"
-            )))
-        }
+        ev::RDMA_CM_EVENT_REJECTED if e.private_data().starts_with(NO_ROOM) => return Err(no_room(ep)),
         ev::RDMA_CM_EVENT_REJECTED => {
             return Err(ConnectError::Refused(format!("{ep}: {}", RcError::Rejected { status: e.status() })))
         }

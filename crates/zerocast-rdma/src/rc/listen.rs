@@ -144,16 +144,18 @@ impl Shared {
         self.tx.len() >= BACKLOG
     }
 
-    /// Count a peer the listener could not accept: a refusal by the
-    /// shared receive queue, or a failed handshake.
+    /// Count a peer the listener could not accept: a refusal for want of
+    /// receives (the shared receive queue is full, or the receive memory
+    /// is all reserved), or a failed handshake.
     pub(super) fn failed(&self, peer: &Endpoint, err: &ConnectError) {
-        let srq_full = match err {
-            ConnectError::Transport { source, .. } => {
-                matches!(source.downcast_ref::<RcError>(), Some(RcError::SrqFull { .. }))
-            }
+        let no_room = match err {
+            ConnectError::Transport { source, .. } => matches!(
+                source.downcast_ref::<RcError>(),
+                Some(RcError::SrqFull { .. } | RcError::ReceiveMemory { .. })
+            ),
             _ => false,
         };
-        if srq_full {
+        if no_room {
             self.counters.refused(peer, err);
         } else {
             self.counters.handshake_failed(peer, err);

@@ -237,6 +237,13 @@ impl RcConfig {
         self
     }
 
+    /// Set the receive-memory budget in bytes (`None`: three quarters of
+    /// the pool's cap); see [`RcConfig::recv_memory`].
+    pub fn with_recv_memory(mut self, bytes: Option<usize>) -> Self {
+        self.recv_memory = bytes;
+        self
+    }
+
     /// Give listeners a shared receive queue of `receives` (0: none), with
     /// the default limit.
     pub fn with_srq(mut self, receives: u32) -> Self {
@@ -377,6 +384,14 @@ impl fmt::Debug for RcTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RcTransport").field("device", &self.inner.device.name()).finish_non_exhaustive()
     }
+}
+
+/// The error of a connect the listener refused for want of receives.
+fn no_room(peer: &Endpoint) -> ConnectError {
+    ConnectError::Refused(format!(
+        "{peer}: the listener has no receives left for another connection (its shared receive queue \
+         is full, or its receive memory is all reserved)"
+    ))
 }
 
 fn transport_err(

@@ -17,7 +17,7 @@ use zerocast_core::{ConnError, ConnectError, Endpoint, Hello, LinkConfig};
 use zerocast_link::engine::{Cx, Interest, Step, Task};
 
 use super::engine::{Io, Receives, Sizes};
-use super::{resolve, transport_err, RcConnection, RcError, RcTransport};
+use super::{no_room, resolve, transport_err, RcConnection, RcError, RcTransport};
 use crate::verbs::QueuePair;
 
 /// How long, after our close, the peer has to close its side channel.
@@ -295,10 +295,7 @@ fn establish(
     let mut buf = [0u8; INFO_LEN];
     sock.read_exact(&mut buf).map_err(io_err)?;
     if is_refusal(&buf) {
-        return Err(ConnectError::Refused(format!(
-            "{peer}: the listener has no receives left for another connection (its shared receive \
-             queue is full, or its receive memory is all reserved)"
-        )));
+        return Err(no_room(&peer));
     }
     let theirs = OobInfo::decode(&buf).map_err(handshake)?;
     ours.connect_to(t, &theirs)?;

@@ -77,6 +77,34 @@ pub fn assert_pool_drained(pool: &zerocast::Pool, timeout: Duration) {
     }
 }
 
+/// One more client of `zc` is refused by `listener`, which has no room
+/// left: the client sees `Refused` with `why` in its message, the listener
+/// counts the refusal (its accept goes on waiting, and neither an accept
+/// nor a failed handshake is counted), and keeps working.
+pub fn assert_one_more_refused(zc: &zerocast::Zerocast, listener: &zerocast::Listener, why: &str) {
+    let (zc, at) = (zc.clone(), listener.local_endpoint().to_string());
+    let before = listener.stats();
+    let client = thread::spawn(move || zc.connect(&at));
+    let start = Instant::now();
+    while listener.stats().refused == before.refused {
+        assert!(start.elapsed() < Duration::from_secs(60), "the listener never refused the client");
+        match listener.accept_timeout(Duration::from_millis(200)) {
+            Err(zerocast::AcceptError::Timeout) => {}
+            other => panic!("the listener has no room left, yet accept gave {other:?}"),
+        }
+    }
+    let after = listener.stats();
+    assert_eq!(after.refused, before.refused + 1, "{after:?}");
+    assert_eq!((after.accepted, after.handshakes_failed), (before.accepted, before.handshakes_failed));
+    match client.join().expect("connect thread") {
+        Err(zerocast::ConnectError::Refused(msg)) => {
+            println!("client: {msg}");
+            assert!(msg.contains(why), "{msg}");
+        }
+        other => panic!("the client was not refused: {other:?}"),
+    }
+}
+
 /// rxe's RNR counters, `(rcvd_rnr_err, send_rnr_err)`, of the device in
 /// `ZEROCAST_RDMA_DEV` (default `rxe0`): unchanged across a test, they show
 /// that no receiver-not-ready happened.

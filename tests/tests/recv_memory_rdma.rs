@@ -15,8 +15,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use zerocast::rdma::{RcConfig, RENDEZVOUS_RECEIVES};
-use zerocast::{AcceptError, Config, ConnectError, Connection, Listener, Zerocast};
-use zerocast_tests::{checksum, rnr_counters};
+use zerocast::{Config, Connection, Listener, Zerocast};
+use zerocast_tests::{assert_one_more_refused, checksum, rnr_counters};
 
 /// The configured shape at defaults: a window of 64 buffers of 64 KiB.
 const FULL: usize = (64 + RENDEZVOUS_RECEIVES) * (64 << 10);
@@ -71,24 +71,7 @@ fn budget_shapes_refuses_and_recovers(scheme: &str) {
     assert_eq!(reserved(&server_zc), FULL + 2 * LEAN, "then lean ones");
 
     // A fourth: refused at the listener, `Refused` at the client.
-    let before = listener.stats();
-    let (zc, at) = (clients.clone(), listener.local_endpoint().to_string());
-    let fourth = thread::spawn(move || zc.connect(&at));
-    let start = Instant::now();
-    while listener.stats().refused == before.refused {
-        assert!(start.elapsed() < Duration::from_secs(60), "the listener never refused the fourth client");
-        match listener.accept_timeout(Duration::from_millis(200)) {
-            Err(AcceptError::Timeout) => {}
-            other => panic!("the budget is full, yet accept gave {other:?}"),
-        }
-    }
-    match fourth.join().expect("connect thread") {
-        Err(ConnectError::Refused(msg)) => {
-            println!("{scheme}: fourth client: {msg}");
-            assert!(msg.contains("receive memory"), "{msg}");
-        }
-        other => panic!("the fourth client was not refused: {other:?}"),
-    }
+    assert_one_more_refused(&clients, &listener, "receive memory");
 
     for (client, server) in &pairs {
         exchange(client, server);

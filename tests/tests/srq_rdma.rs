@@ -12,7 +12,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use zerocast::rdma::{RcConfig, SrqStats, RENDEZVOUS_RECEIVES};
-use zerocast::{AcceptError, Config, ConnectError, Connection, LinkConfig, Listener, RecvError, Zerocast};
+use zerocast::{Config, Connection, LinkConfig, Listener, RecvError, Zerocast};
 use zerocast_tests::{checksum, rnr_counters};
 
 /// Largest message: small receive buffers keep 64 connections' memory low.
@@ -44,32 +44,6 @@ fn connect_all(zc: &Zerocast, listener: &Listener, n: usize) -> Vec<(Connection,
             (client, server)
         })
         .collect()
-}
-
-/// One more client is refused: the client sees `Refused`, the listener
-/// counts the refusal (its accept goes on waiting), and keeps working.
-fn assert_one_more_refused(zc: &Zerocast, listener: &Listener) {
-    let (zc, at) = (zc.clone(), listener.local_endpoint().to_string());
-    let before = listener.stats();
-    let client = thread::spawn(move || zc.connect(&at));
-    let start = Instant::now();
-    while listener.stats().refused == before.refused {
-        assert!(start.elapsed() < Duration::from_secs(60), "the listener never refused the client");
-        match listener.accept_timeout(Duration::from_millis(200)) {
-            Err(AcceptError::Timeout) => {}
-            other => panic!("the SRQ has no share left, yet accept gave {other:?}"),
-        }
-    }
-    let after = listener.stats();
-    assert_eq!(after.refused, before.refused + 1, "{after:?}");
-    assert_eq!((after.accepted, after.handshakes_failed), (before.accepted, before.handshakes_failed));
-    match client.join().expect("connect thread") {
-        Err(ConnectError::Refused(msg)) => {
-            println!("client: {msg}");
-            assert!(msg.contains("shared receive queue"), "{msg}");
-        }
-        other => panic!("the client was not refused: {other:?}"),
-    }
 }
 
 /// Stream `n` checksummed messages from every client to its server
@@ -152,7 +126,7 @@ fn sixty_four_connections_share_one_srq() {
         (s.capacity, s.share, s.max_connections, s.connections),
         (CONNS * SHARE as usize, SHARE as usize, CONNS, CONNS)
     );
-    assert_one_more_refused(&zc, &listener);
+    zerocast_tests::assert_one_more_refused(&zc, &listener, "shared receive queue");
 
     let start = Instant::now();
     stream(&pairs, MESSAGES);
@@ -196,7 +170,7 @@ fn srq_limit_event_refills() {
         (CAPACITY, CAPACITY, LIMIT, 0),
         "{s:?}"
     );
-    assert_one_more_refused(&zc, &listener);
+    zerocast_tests::assert_one_more_refused(&zc, &listener, "shared receive queue");
 
     // Each peer spends its whole window; the server holds the messages.
     let mut held = Vec::new();

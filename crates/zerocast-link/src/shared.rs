@@ -323,12 +323,8 @@ impl Shared {
     /// Tell the credit machine of the pending releases, and wake the writer
     /// if a credit frame is now due.
     pub(crate) fn fold_releases(&self, st: &mut State) {
-        if self.released.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        let n = self.released.swap(0, Ordering::AcqRel);
-        if st.credits.release_many(n).unwrap_or(false) {
-            self.wake_writer(st);
+        if self.fold_releases_here(st) {
+            self.kick();
         }
     }
 

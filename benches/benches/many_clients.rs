@@ -1,11 +1,13 @@
-//! Many clients of a small key-value service, request/reply: a zerocast
-//! server against a plain `std::net` server, both with a thread per accepted
-//! connection (see `zerocast_benches::kv`). The two alternate in one run
-//! (std, zerocast, zerocast, std, std, zerocast, ...); each round opens its
-//! own connections, runs every request, checks every reply and closes them.
-//! What is printed is each round's requests per second, the per-round
-//! ratios zerocast / std and their median, and the most threads the process
-//! ran during each side's requests.
+//! Many clients of a small key-value service, request/reply: two zerocast
+//! servers against a plain `std::net` server (see `zerocast_benches::kv`):
+//! zerocast with a thread per accepted connection, as the std one has, and
+//! zerocast with two serving threads and a `Poller` (`zc-poll`). The
+//! three alternate in one run, each round starting with the next server;
+//! each round opens its own connections, runs every request, checks every
+//! reply and closes them. What is printed is each round's requests per
+//! second, the per-round ratios of each zerocast server to std and their
+//! median, and the most threads the process ran during each server's
+//! requests.
 //!
 //! ```text
 //! cargo bench -p zerocast-benches --bench many_clients                 # 200x500 and 2000x500
@@ -30,6 +32,9 @@ use zerocast_benches::{median, BoxError};
 
 /// Client threads unless `ZEROCAST_KV_THREADS` says otherwise.
 const THREADS: usize = 8;
+
+/// The servers compared, std last (the baseline of both ratios).
+const SERVERS: [Server; 3] = [Server::Zerocast, Server::Polled, Server::Std];
 
 /// Alternating rounds unless `ZEROCAST_BENCH_ROUNDS` says otherwise.
 const ROUNDS: usize = 3;
@@ -61,49 +66,50 @@ fn spread(xs: &[f64]) -> (f64, f64) {
 
 fn run_shape(shape: Shape, rounds: usize, zc: &Contexts) -> Result<(), BoxError> {
     println!(
-        "{} clients x {} requests, {} client threads, {rounds} alternating rounds ({} requests per side per round)",
+        "{} clients x {} requests, {} client threads, {rounds} alternating rounds ({} requests per server per round)",
         shape.clients,
         shape.requests,
         shape.threads,
         shape.clients as u64 * shape.requests,
     );
-    // Warm up both sides (code, allocator, the engines' first connections).
+    // Warm up every server (code, allocator, the engines' first connections).
     let warm = Shape { clients: shape.clients.min(200), requests: 20, threads: shape.threads };
-    run_round(Server::Std, warm, zc)?;
-    run_round(Server::Zerocast, warm, zc)?;
-    let (mut ratios, mut zc_rates, mut std_rates) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut zc_threads, mut std_threads) = (0, 0);
-    for round in 1..=rounds {
-        // std first in odd rounds, zerocast first in even ones.
-        let order =
-            if round % 2 == 1 { [Server::Std, Server::Zerocast] } else { [Server::Zerocast, Server::Std] };
-        let (mut z, mut s) = (None, None);
-        for server in order {
-            let o = run_round(server, shape, zc)?;
-            print_round(round, server, &o);
-            match server {
-                Server::Zerocast => z = Some(o),
-                Server::Std => s = Some(o),
-            }
-        }
-        let (z, s) = (z.expect("zerocast ran"), s.expect("std ran"));
-        ratios.push(z.rate / s.rate);
-        zc_rates.push(z.rate);
-        std_rates.push(s.rate);
-        zc_threads = zc_threads.max(z.peak_threads);
-        std_threads = std_threads.max(s.peak_threads);
+    for server in SERVERS {
+        run_round(server, warm, zc)?;
     }
-    let per_round: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
-    let (lo, hi) = spread(&ratios);
+    // Per server (in `SERVERS`' order): each round's rate, and the most
+    // threads seen.
+    let mut rates = [Vec::new(), Vec::new(), Vec::new()];
+    let mut peaks = [0; 3];
+    for round in 1..=rounds {
+        // Each round starts with the next server, so none always runs first.
+        for k in 0..SERVERS.len() {
+            let i = (round + k) % SERVERS.len();
+            let o = run_round(SERVERS[i], shape, zc)?;
+            print_round(round, SERVERS[i], &o);
+            rates[i].push(o.rate);
+            peaks[i] = peaks[i].max(o.peak_threads);
+        }
+    }
+    let std = &rates[2];
+    for i in 0..2 {
+        let ratios: Vec<f64> = rates[i].iter().zip(std).map(|(z, s)| z / s).collect();
+        let per_round: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        let (lo, hi) = spread(&ratios);
+        println!(
+            "  {} / std: median {:.2}x [{lo:.2}-{hi:.2}], per round [{}]",
+            SERVERS[i].name(),
+            median(&ratios),
+            per_round.join(" ")
+        );
+    }
     println!(
-        "  zerocast / std: median {:.2}x [{lo:.2}-{hi:.2}], per round [{}]",
-        median(&ratios),
-        per_round.join(" ")
-    );
-    println!(
-        "  median req/s: zerocast {:.0}, std {:.0}; threads at peak: zerocast {zc_threads}, std {std_threads}",
-        median(&zc_rates),
-        median(&std_rates),
+        "  median req/s: {}; threads at peak: {}",
+        (0..3)
+            .map(|i| format!("{} {:.0}", SERVERS[i].name(), median(&rates[i])))
+            .collect::<Vec<_>>()
+            .join(", "),
+        (0..3).map(|i| format!("{} {}", SERVERS[i].name(), peaks[i])).collect::<Vec<_>>().join(", "),
     );
     println!();
     Ok(())

@@ -1,11 +1,16 @@
 //! Many clients against a small key-value service: a zerocast server and a
 //! plain `std::net` server, each written the way a user of its blocking API
-//! naturally would, with a thread per accepted connection doing receive →
-//! handle → send.
+//! naturally would: with a thread per accepted connection doing receive →
+//! handle → send, and for zerocast also with a few threads and a
+//! [`zerocast::Poller`].
 //!
 //! - [`Server::Zerocast`]: `Listener::accept` in a loop, and for each
 //!   connection a thread with `split::<Reply, Req>()` answering every request
 //!   of `rx.iter()` with `tx.send(..)`. Default settings (`Zerocast::new()`).
+//! - [`Server::Polled`]: the same channels, but [`POLLED_THREADS`] serving
+//!   threads and a [`zerocast::Poller`]: each connection's receiver is
+//!   registered as it is accepted, and a serving thread answers every
+//!   request of each reported connection with `try_recv` until it is empty.
 //! - [`Server::Std`]: `TcpListener::accept` in a loop, `TCP_NODELAY`, and for
 //!   each connection a thread reading length-prefixed bincode 2 frames (the
 //!   same serde types, the same bincode configuration as zerocast's codec)
@@ -26,14 +31,14 @@
 use std::collections::HashMap;
 use std::io::{self, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Barrier, Mutex, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use zerocast::{Receiver, Sender, Zerocast};
+use zerocast::{Events, Poller, Receiver, RecvError, Sender, TypedRecvError, Zerocast};
 
 use crate::BoxError;
 
@@ -137,8 +142,12 @@ pub fn check(c: u64, i: u64, reply: &Reply) -> bool {
 /// Which server a round runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Server {
-    /// zerocast typed channels over `tcp://127.0.0.1:0`.
+    /// zerocast typed channels over `tcp://127.0.0.1:0`, a thread per
+    /// connection.
     Zerocast,
+    /// The same, served by [`POLLED_THREADS`] threads through a
+    /// [`zerocast::Poller`] instead of a thread per connection.
+    Polled,
     /// `std::net` with length-prefixed bincode frames.
     Std,
 }
@@ -148,10 +157,15 @@ impl Server {
     pub fn name(self) -> &'static str {
         match self {
             Server::Zerocast => "zerocast",
+            Server::Polled => "zc-poll",
             Server::Std => "std",
         }
     }
 }
+
+/// Serving threads of [`Server::Polled`]: one per core of the machine
+/// these figures come from.
+pub const POLLED_THREADS: usize = 2;
 
 /// The size of a run.
 #[derive(Debug, Clone, Copy)]
@@ -304,6 +318,71 @@ fn zc_server(zc: &Zerocast, clients: usize, store: Arc<Store>) -> Result<Running
     Ok(Running { at, acceptor })
 }
 
+/// A token no connection has: stop serving.
+const STOP: usize = usize::MAX;
+
+/// One connection of the polled server.
+type Slot = OnceLock<(Sender<Reply>, Receiver<Req>)>;
+
+fn zc_polled_server(zc: &Zerocast, clients: usize, store: Arc<Store>) -> Result<Running, BoxError> {
+    let listener = zc.listen("tcp://127.0.0.1:0")?;
+    let at = listener.local_endpoint().to_string();
+    let acceptor = thread::Builder::new().name("kv-poll-accept".into()).spawn(move || {
+        let poller = Poller::new();
+        // Token `i` is the `i`th connection accepted.
+        let slots: Arc<Vec<Slot>> = Arc::new((0..clients).map(|_| OnceLock::new()).collect());
+        let ended = Arc::new(AtomicUsize::new(0));
+        let workers = (0..POLLED_THREADS)
+            .map(|_| {
+                let (poller, slots, ended, store) =
+                    (poller.clone(), slots.clone(), ended.clone(), store.clone());
+                thread::spawn(move || serve_polled(&poller, &slots, &ended, &store))
+            })
+            .collect();
+        for (token, slot) in slots.iter().enumerate() {
+            let (tx, rx) = listener.accept()?.split::<Reply, Req>();
+            // In its slot before it can be reported.
+            let rx = &slot.get_or_init(|| (tx, rx)).1;
+            poller.register(rx.connection(), token)?;
+        }
+        Ok(workers)
+    })?;
+    Ok(Running { at, acceptor })
+}
+
+/// A serving thread of [`Server::Polled`]: answer every request of each
+/// reported connection until it has none, until every connection ended.
+fn serve_polled(poller: &Poller, slots: &[Slot], ended: &AtomicUsize, store: &Store) {
+    let mut events = Events::with_capacity(64);
+    loop {
+        poller.wait(&mut events, None);
+        for token in events.iter() {
+            if token == STOP {
+                // For the other serving threads.
+                poller.wake(STOP);
+                return;
+            }
+            let Some((tx, rx)) = slots.get(token).and_then(OnceLock::get) else { continue };
+            loop {
+                match rx.try_recv() {
+                    Ok(req) => {
+                        if tx.send(store.handle(req)).is_err() {
+                            break;
+                        }
+                    }
+                    Err(TypedRecvError::Recv(RecvError::Empty)) => break,
+                    Err(_) => {
+                        if ended.fetch_add(1, Ordering::Relaxed) + 1 == slots.len() {
+                            poller.wake(STOP);
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn std_server(clients: usize, store: Arc<Store>) -> Result<Running, BoxError> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let at = listener.local_addr()?.to_string();
@@ -343,13 +422,14 @@ pub fn run_round(server: Server, shape: Shape, zc: &Contexts) -> Result<Outcome,
     let store = Arc::new(Store::default());
     let running = match server {
         Server::Zerocast => zc_server(&zc.server, clients, store)?,
+        Server::Polled => zc_polled_server(&zc.server, clients, store)?,
         Server::Std => std_server(clients, store)?,
     };
     let at = running.at.as_str();
     let retries = AtomicU64::new(0);
     let connect = |_c: u64| -> Result<Box<dyn Client>, BoxError> {
         Ok(match server {
-            Server::Zerocast => {
+            Server::Zerocast | Server::Polled => {
                 // A handshake that times out on a loaded machine (a SYN
                 // dropped at a full accept queue is resent after 1 s, then
                 // 3 s) is tried again, as README's reconnect loop does.
@@ -458,7 +538,7 @@ mod tests {
     #[test]
     fn both_servers_answer_every_client() {
         let zc = Contexts::default();
-        for server in [Server::Zerocast, Server::Std] {
+        for server in [Server::Zerocast, Server::Polled, Server::Std] {
             for threads in [2, 12] {
                 let shape = Shape { clients: 12, requests: 2 * KEYS_PER_CLIENT + 6, threads };
                 let out = run_round(server, shape, &zc).unwrap();

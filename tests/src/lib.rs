@@ -15,6 +15,7 @@ pub mod failure;
 pub mod idle;
 pub mod many;
 pub mod process;
+pub mod readiness;
 pub mod suite;
 
 use std::sync::atomic::{AtomicU64, Ordering};

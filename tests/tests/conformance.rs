@@ -1,6 +1,6 @@
 //! The conformance suite over every transport built into the host build.
 
-use zerocast_tests::{suite, Transport};
+use zerocast_tests::{readiness, suite, Transport};
 
 macro_rules! conformance {
     ($name:ident, $uri:expr) => {
@@ -56,6 +56,21 @@ macro_rules! conformance {
             #[test]
             fn bad_message_is_typed_error() {
                 suite::bad_message_is_typed_error(&transport());
+            }
+
+            #[test]
+            fn poller_two_threads_serve_many() {
+                readiness::two_threads_serve_many(&transport(), 200, 20);
+            }
+
+            #[test]
+            fn poller_no_arrival_untold() {
+                readiness::no_arrival_untold(&transport(), 10_000);
+            }
+
+            #[test]
+            fn poller_end_and_registration() {
+                readiness::end_and_registration(&transport());
             }
 
             #[test]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use zerocast::rdma::{CompletionMode, RcConfig, RcError};
 use zerocast::{Config, ConnError, ErrorKind, LinkConfig, RecvError, Scheme, SendError, Zerocast};
-use zerocast_tests::{rnr_counters, suite, Transport};
+use zerocast_tests::{readiness, rnr_counters, suite, Transport};
 
 /// The address rxe0 is bound to in the guest.
 fn addr() -> String {
@@ -58,6 +58,24 @@ macro_rules! conformance {
             #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
             fn integrity_100k_mixed_sizes() {
                 run(|t| suite::integrity(t, 100_000));
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn poller_two_threads_serve_many() {
+                run(|t| readiness::two_threads_serve_many(t, 50, 10));
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn poller_no_arrival_untold() {
+                run(|t| readiness::no_arrival_untold(t, 5_000));
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn poller_end_and_registration() {
+                run(readiness::end_and_registration);
             }
 
             #[test]

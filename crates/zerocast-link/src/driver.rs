@@ -263,7 +263,7 @@ impl Driver {
                     drop(buf);
                     let _ = st.credits.release();
                 } else if let Err(d) = handoff::offer(&self.shared, Delivery::Msg(buf, imm)) {
-                    if self.shared.delivered.push(d).is_err() {
+                    if self.shared.push_delivery(d).is_err() {
                         // Credits make this impossible; a full queue means
                         // the peer overran its window.
                         drop(st);

@@ -59,7 +59,7 @@ impl Drop for Handoff<'_> {
     fn drop(&mut self) {
         WANT.set(0);
         if let Some(d) = SLOT.take() {
-            let _ = self.shared.delivered.push(d);
+            let _ = self.shared.push_delivery(d);
         }
     }
 }

@@ -10,6 +10,7 @@ use zerocast_mem::{Buf, Pool, PoolError, Wait};
 
 use crate::handoff::Handoff;
 use crate::queue::PushError;
+use crate::ready::{Notify, Readiness};
 use crate::recv::RecvBuf;
 use crate::shared::{Delivery, Outgoing, Shared, State};
 use crate::source::{Awaited, Pumped};
@@ -245,7 +246,8 @@ impl Link {
     /// [`RecvError::Disconnected`] (or [`RecvError::Failed`] if the
     /// connection broke).
     pub fn recv(&self, deadline: Option<Instant>) -> Result<RecvBuf, RecvError> {
-        if self.shared.source.0.get().is_some() {
+        // A connection registered for readiness is read by its engine.
+        if self.shared.source.0.get().is_some() && self.shared.ready.0.get().is_none() {
             if let Some(r) = self.recv_reading(deadline) {
                 return r;
             }
@@ -337,6 +339,9 @@ impl Link {
                 return self.deliver(d);
             }
         }
+        if let Some(ready) = self.shared.ready.0.get() {
+            return self.try_recv_ready(ready);
+        }
         if self.shared.source.0.get().is_some() {
             self.shared.claim();
             match self.pump_handing_over(None) {
@@ -352,6 +357,40 @@ impl Link {
         // A polling receiver waits too, in its way.
         self.return_credits();
         Err(RecvError::Empty)
+    }
+
+    /// [`Link::try_recv`] on a connection registered for readiness, with
+    /// nothing queued: the engine reads for it, so arm the registration
+    /// (see [`crate::ready`]), unless a delivery came meanwhile.
+    #[cold]
+    fn try_recv_ready(&self, ready: &Readiness) -> Result<RecvBuf, RecvError> {
+        self.return_credits();
+        while ready.arm(|| self.shared.delivered.is_empty()) {
+            if let Some(d) = self.shared.delivered.try_pop() {
+                return self.deliver(d);
+            }
+        }
+        Err(RecvError::Empty)
+    }
+
+    /// Register this connection for readiness: from now on `notify` is
+    /// told `token` whenever a message or the end is queued for the
+    /// application while the registration is armed, and the engine reads
+    /// the connection (no receiving thread claims it). Armed at once: what
+    /// is queued already is reported now. `false` if the connection was
+    /// registered before (a connection has one registration for its life).
+    pub fn notify_on_ready(&self, notify: Arc<dyn Notify>, token: usize) -> bool {
+        if self.shared.ready.0.set(Readiness::new(notify, token)).is_err() {
+            return false;
+        }
+        // The engine reads from now on, even if a receiving thread had
+        // claimed the connection.
+        self.shared.unclaim();
+        let ready = self.shared.ready.0.get().expect("just set");
+        if ready.arm(|| self.shared.delivered.is_empty()) {
+            ready.delivered_now();
+        }
+        true
     }
 
     /// Before this receiving thread waits (or polls again): fold the

@@ -10,6 +10,7 @@ use zerocast_mem::{Buf, Pool};
 
 use crate::engine::Waker;
 use crate::queue::Queue;
+use crate::ready::Readiness;
 use crate::repost::{Repost, Reposted};
 use crate::source::SourceLock;
 use crate::wire::WireLock;
@@ -96,6 +97,9 @@ pub(crate) struct Shared {
     pub(crate) bg_pumping: AtomicBool,
     /// The engine task driving this connection, when an engine does.
     pub(crate) waker: Hook<Waker>,
+    /// Told of deliveries, when the application registered the connection
+    /// for readiness (see [`crate::ready`]); it then never claims the source.
+    pub(crate) ready: Hook<Readiness>,
     /// The engine task is woken and has not yet run: further wake-ups
     /// are merged into that run.
     pub(crate) scheduled: AtomicBool,
@@ -175,6 +179,7 @@ impl Shared {
             reposter: Hook::default(),
             bg_pumping: AtomicBool::new(false),
             waker: Hook::default(),
+            ready: Hook::default(),
             scheduled: AtomicBool::new(false),
             claimed: AtomicBool::new(false),
             handback: AtomicBool::new(false),
@@ -249,7 +254,7 @@ impl Shared {
     /// other.)
     #[inline(always)]
     pub(crate) fn claim(&self) {
-        if !self.claimed.load(Ordering::Relaxed) {
+        if !self.claimed.load(Ordering::Relaxed) && self.ready.0.get().is_none() {
             self.claimed.store(true, Ordering::SeqCst);
             if self.queue_waiters.load(Ordering::SeqCst) > 0 {
                 self.unclaim();
@@ -369,11 +374,23 @@ impl Shared {
         self.end(st);
     }
 
+    /// Queue `d` for the application, and tell a readiness registration.
+    #[inline]
+    pub(crate) fn push_delivery(&self, d: Delivery) -> Result<(), Delivery> {
+        self.delivered.push(d).map_err(|e| match e {
+            crate::queue::PushError::Full(d) | crate::queue::PushError::Closed(d) => d,
+        })?;
+        if let Some(r) = self.ready.0.get() {
+            r.delivered();
+        }
+        Ok(())
+    }
+
     /// Mark the stream ended for the application and wake everyone.
     pub(crate) fn end(&self, st: &mut State) {
         if !st.ended {
             st.ended = true;
-            let _ = self.delivered.push(Delivery::End);
+            let _ = self.push_delivery(Delivery::End);
         }
         self.credit_cv.notify_all();
         self.wake_writer(st);

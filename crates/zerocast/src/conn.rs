@@ -128,7 +128,7 @@ impl Connection {
         Self { flavor: self.flavor.clone(), role, ends: self.ends.clone(), typed_check: self.typed_check }
     }
 
-    fn link(&self) -> &zerocast_link::Link {
+    pub(crate) fn link(&self) -> &zerocast_link::Link {
         each!(&self.flavor, c => c.link())
     }
 

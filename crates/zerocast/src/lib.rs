@@ -45,6 +45,7 @@ mod context;
 #[cfg(feature = "tcp")]
 pub mod datagram;
 mod error;
+mod poller;
 mod typecheck;
 
 pub use borrow::Guard;
@@ -58,6 +59,7 @@ pub use error::{
     AcceptError, AnnouncementError, Classify, CodecError, ConnError, ConnectError, Error, ErrorKind,
     PoolError, RecvError, SendError, TypedRecvError,
 };
+pub use poller::{AlreadyRegistered, Events, Poller};
 
 /// The `yoke` zerocast uses for [`Receiver::recv_ref`]. Deriving `Yokeable`
 /// on a message type needs `yoke` (feature `derive`) as a direct dependency.

@@ -59,6 +59,37 @@ pub fn an_idle_connection_sleeps(t: &Transport, settle: Duration, watch: Duratio
     stays_asleep(open, settle, watch, max_wakes).1
 }
 
+/// Name of the application thread [`a_blocked_receiver_sleeps`] watches
+/// (a `zerocast` prefix, so that [`stays_asleep`] counts it).
+const RECEIVER: &str = "zerocast-test-blocked-recv";
+
+/// An application thread blocked in `recv` (no deadline) on an idle
+/// connection sleeps too: it wakes at most `max_wakes` times in `watch`,
+/// and then at once for the peer's close. Returns the threads watched
+/// (the receiving one and the engine's).
+pub fn a_blocked_receiver_sleeps(t: &Transport, watch: Duration, max_wakes: u64) -> usize {
+    let open = || {
+        let (a, b) = t.pair();
+        let limit = Duration::from_secs(10);
+        let mut buf = a.alloc(8).expect("alloc");
+        buf.copy_from_slice(b"are you?");
+        a.send_timeout(buf, limit).expect("send");
+        assert_eq!(&*b.recv_timeout(limit).expect("recv"), b"are you?");
+        let receiver = thread::Builder::new()
+            .name(RECEIVER.into())
+            .spawn(move || b.recv().map(|m| m.len()))
+            .expect("spawning the receiver");
+        (a, receiver)
+    };
+    let ((a, receiver), n) = stays_asleep(open, Duration::from_millis(300), watch, max_wakes);
+    a.close();
+    match receiver.join().expect("receiving thread") {
+        Err(zerocast::RecvError::Disconnected) => {}
+        other => panic!("the blocked receive ended with {other:?}, not the peer's close"),
+    }
+    n
+}
+
 /// Run `open`, let what it opened settle for `settle`, then watch it idle
 /// for `watch`: every thread zerocast started meanwhile wakes at most
 /// `max_wakes` times. Returns what `open` returned, and how many threads

@@ -13,5 +13,9 @@ fn idle_connections_do_not_wake() {
         let t = Transport::new(uri, 64);
         let n = idle::an_idle_connection_sleeps(&t, Duration::from_millis(300), Duration::from_secs(2), 3);
         assert!(n >= at_least, "{uri}: {n} threads watched");
+        // And an application thread blocked in `recv` (the engine started
+        // above is not counted again).
+        let n = idle::a_blocked_receiver_sleeps(&t, Duration::from_secs(2), 3);
+        assert_eq!(n, 1, "{uri}: threads watched");
     }
 }

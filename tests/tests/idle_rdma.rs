@@ -43,6 +43,22 @@ fn an_idle_rc_connection_does_not_wake() {
     check("rc", 1);
 }
 
+/// In event mode, an application thread blocked in `recv` on an idle
+/// connection sleeps on the completion channel until something happens:
+/// no timed slices.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn a_receiver_blocked_on_an_idle_rc_connection_does_not_wake() {
+    for scheme in ["rc", "rc+oob"] {
+        let uri: &'static str = Box::leak(format!("{scheme}://{}:0", addr()).into_boxed_str());
+        let rc = RcConfig::default().with_completion(CompletionMode::Channel);
+        let cfg = Config::default().with_link(LinkConfig::default().with_recv_window(32)).with_rc(rc);
+        let t = Transport { zc: Zerocast::with_config(cfg), listen_uri: uri };
+        // The receiving thread and the engine.
+        assert_eq!(idle::a_blocked_receiver_sleeps(&t, Duration::from_secs(2), 3), 2, "{scheme}");
+    }
+}
+
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
 fn an_idle_rc_oob_connection_does_not_wake() {

@@ -440,7 +440,10 @@ impl Io {
 /// threads post sends, poll the CQ and repost receives themselves (see
 /// ARCHITECTURE.md, "caller-driven I/O").
 pub(crate) fn register(engine: &Engine, io: &Arc<Io>, driver: Driver, reposts: Reposts, peer_window: u32) {
-    driver.install_source(Box::new(poll::RcSource::new(io.clone())));
+    // Its waits end at a completion (a frame, a credit, the goodbye's own
+    // send) or at `Io::close`'s signal, which every failure and end of the
+    // connection reaches through the engine task.
+    driver.install_waking_source(Box::new(poll::RcSource::new(io.clone())));
     driver.install_reposter(Box::new(Reposter(io.clone())));
     engine.register(Box::new(task::RcTask::new(io.clone(), driver, reposts, peer_window)));
 }

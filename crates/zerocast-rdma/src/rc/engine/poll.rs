@@ -26,8 +26,11 @@ use crate::rc::RcError;
 /// In event mode, how long a receiving thread spins on the CQ before it
 /// sleeps on the completion channel.
 const SPIN: Duration = Duration::from_micros(50);
-/// The longest single sleep on the completion channel.
-const WAIT_SLICE_MS: i32 = 20;
+/// The longest single sleep on the completion channel while a rendezvous
+/// waits for a pool buffer (a buffer coming back announces nothing here).
+/// Otherwise a sleep lasts until its deadline: a completion, or the close
+/// that every failure and end of the connection comes to, wakes it.
+const STARVED_SLICE_MS: i32 = 20;
 
 /// The CQ as a [`Source`].
 pub(super) struct RcSource {
@@ -206,7 +209,8 @@ impl Source for RcSource {
             if !self.settled() {
                 continue;
             }
-            let left = (until - now).as_millis().clamp(1, WAIT_SLICE_MS as u128) as i32;
+            let most = if self.io.rendezvous.is_starved() { STARVED_SLICE_MS } else { i32::MAX };
+            let left = (until - now).as_millis().clamp(1, most as u128) as i32;
             match self.io.cq.wait_or_closing(self.io.close_signal(), left) {
                 Ok(true) => self.armed = false,
                 Ok(false) => {}

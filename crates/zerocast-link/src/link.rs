@@ -480,14 +480,18 @@ impl Link {
             if st.writer_done && st.goodbye_sent && st.peer_closed {
                 return true;
             }
+            // Each of the conditions above is set with `credit_cv`
+            // notified (the failure and the peer's goodbye by
+            // `Shared::end`, the writer's end by `Driver::writer_done`,
+            // which follows our goodbye): no slices.
             let wait = match deadline {
-                None => Duration::from_millis(100),
+                None => None,
                 Some(d) => match d.checked_duration_since(Instant::now()) {
-                    Some(left) if !left.is_zero() => left.min(Duration::from_millis(100)),
+                    Some(left) if !left.is_zero() => Some(left),
                     _ => return false,
                 },
             };
-            st = self.shared.wait_cv(st, Some(wait));
+            st = self.shared.wait_cv(st, wait);
         }
     }
 

@@ -25,6 +25,9 @@
 //!   the receive buffer;
 //! - the raw API, [`Connection`]: take a buffer, write in place, send it;
 //!   receive the buffer itself;
+//! - readiness, [`Poller`]: a few threads serve thousands of connections,
+//!   told which have something to receive, instead of a thread blocked on
+//!   each;
 //! - credit-based flow control: a sender never sends without a free
 //!   receive buffer at the peer;
 //! - a registered-memory pool: zero allocations per message in steady state.

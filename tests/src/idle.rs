@@ -90,6 +90,48 @@ pub fn a_blocked_receiver_sleeps(t: &Transport, watch: Duration, max_wakes: u64)
     n
 }
 
+/// Name of the application thread [`a_sender_blocked_on_credit_sleeps`]
+/// watches.
+const SENDER: &str = "zerocast-test-blocked-send";
+
+/// An application thread blocked in `send` (no deadline) for credit that
+/// a silent peer never returns sleeps: it wakes at most `max_wakes` times
+/// in `watch`, and a local `close` from another thread then ends its send
+/// with `Disconnected`, handing the buffer back. Returns the threads
+/// watched.
+pub fn a_sender_blocked_on_credit_sleeps(t: &Transport, watch: Duration, max_wakes: u64) -> usize {
+    let open = || {
+        let (a, b) = t.pair();
+        // Fill the peer's window; it never reads.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let buf = a.alloc(8).expect("alloc");
+            match a.try_send(buf) {
+                Ok(()) => {}
+                Err(zerocast::SendError::Full(_)) => break,
+                Err(e) => panic!("filling the window: {e}"),
+            }
+            assert!(std::time::Instant::now() < deadline, "the window never filled");
+        }
+        let sender = {
+            let a = a.clone();
+            thread::Builder::new()
+                .name(SENDER.into())
+                .spawn(move || match a.send(a.alloc(8).expect("alloc")) {
+                    Err(zerocast::SendError::Disconnected(buf)) => buf.len(),
+                    other => panic!("the blocked send ended with {other:?}, not the local close"),
+                })
+                .expect("spawning the sender")
+        };
+        (a, b, sender)
+    };
+    let ((a, b, sender), n) = stays_asleep(open, Duration::from_millis(300), watch, max_wakes);
+    a.close();
+    assert_eq!(sender.join().expect("sending thread"), 8, "the buffer comes back");
+    drop(b);
+    n
+}
+
 /// Run `open`, let what it opened settle for `settle`, then watch it idle
 /// for `watch`: every thread zerocast started meanwhile wakes at most
 /// `max_wakes` times. Returns what `open` returned, and how many threads

@@ -17,5 +17,8 @@ fn idle_connections_do_not_wake() {
         // above is not counted again).
         let n = idle::a_blocked_receiver_sleeps(&t, Duration::from_secs(2), 3);
         assert_eq!(n, 1, "{uri}: threads watched");
+        // And one blocked in `send` for credit the peer never returns.
+        let n = idle::a_sender_blocked_on_credit_sleeps(&t, Duration::from_secs(2), 3);
+        assert_eq!(n, 1, "{uri}: threads watched");
     }
 }

@@ -43,19 +43,28 @@ fn an_idle_rc_connection_does_not_wake() {
     check("rc", 1);
 }
 
+/// Event-mode completions and a window of 32.
+fn cfg_channel() -> Config {
+    let rc = RcConfig::default().with_completion(CompletionMode::Channel);
+    Config::default().with_link(LinkConfig::default().with_recv_window(32)).with_rc(rc)
+}
+
 /// In event mode, an application thread blocked in `recv` on an idle
-/// connection sleeps on the completion channel until something happens:
-/// no timed slices.
+/// connection sleeps on the completion channel until something happens,
+/// and so does one blocked in `send` for credit: no timed slices.
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
-fn a_receiver_blocked_on_an_idle_rc_connection_does_not_wake() {
+fn threads_blocked_on_an_idle_rc_connection_do_not_wake() {
     for scheme in ["rc", "rc+oob"] {
         let uri: &'static str = Box::leak(format!("{scheme}://{}:0", addr()).into_boxed_str());
-        let rc = RcConfig::default().with_completion(CompletionMode::Channel);
-        let cfg = Config::default().with_link(LinkConfig::default().with_recv_window(32)).with_rc(rc);
-        let t = Transport { zc: Zerocast::with_config(cfg), listen_uri: uri };
+        let t = Transport { zc: Zerocast::with_config(cfg_channel()), listen_uri: uri };
         // The receiving thread and the engine.
         assert_eq!(idle::a_blocked_receiver_sleeps(&t, Duration::from_secs(2), 3), 2, "{scheme}");
+        // A sender blocked on credit, in a transport of its own (so the
+        // engine is counted again): a local close reaches it through its
+        // goodbye's completion.
+        let t = Transport { zc: Zerocast::with_config(cfg_channel()), listen_uri: uri };
+        assert_eq!(idle::a_sender_blocked_on_credit_sleeps(&t, Duration::from_secs(2), 3), 2, "{scheme}");
     }
 }
 

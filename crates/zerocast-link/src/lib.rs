@@ -31,6 +31,7 @@ mod conn;
 mod driver;
 pub mod engine;
 mod handoff;
+mod interrupt;
 mod link;
 mod listener;
 mod queue;
@@ -43,6 +44,7 @@ mod wire;
 
 pub use conn::{Connection, Flavor};
 pub use driver::{Driver, Frame};
+pub use interrupt::Interrupt;
 pub use link::{Link, LinkStats};
 pub use listener::{chain as error_chain, CloseSignal, ListenerCounters};
 pub use ready::Notify;

@@ -215,9 +215,14 @@ impl Link {
         // The peer may be waiting for these to send what frees our credit.
         self.shared.fold_releases(&mut st);
         drop(st);
-        // In slices: a local close, which nothing on the socket announces,
-        // ends the wait within one.
-        let slice = now + Duration::from_millis(100);
+        // A local close, which nothing on the socket announces, rings this
+        // thread's eventfd, which the source's wait watches (see
+        // `interrupt`); without one, the wait goes in slices.
+        let slice = if crate::interrupt::available() {
+            now + self.shared.wait_slice()
+        } else {
+            now + Duration::from_millis(100)
+        };
         let until = deadline.map_or(slice, |d| d.min(slice));
         let pumped = self.reader.pump_as(Some(until), false, Awaited::Credit);
         if pumped.is_none() {
@@ -446,6 +451,10 @@ impl Link {
             st.local_closed = true;
             self.shared.credit_cv.notify_all();
             self.shared.wake_writer(&mut st);
+            drop(st);
+            // A thread waiting for credit in the source, which a close
+            // does not otherwise reach on a silent socket.
+            crate::interrupt::ring_credit_sleeper(&self.shared);
         }
     }
 

@@ -97,6 +97,9 @@ pub(crate) struct Shared {
     pub(crate) bg_pumping: AtomicBool,
     /// The engine task driving this connection, when an engine does.
     pub(crate) waker: Hook<Waker>,
+    /// The thread that holds the source and waits in it for credit, to be
+    /// rung by a local close (see [`crate::interrupt`]).
+    pub(crate) credit_sleeper: Mutex<Option<Arc<crate::interrupt::Sleeper>>>,
     /// Told of deliveries, when the application registered the connection
     /// for readiness (see [`crate::ready`]); it then never claims the source.
     pub(crate) ready: Hook<Readiness>,
@@ -180,6 +183,7 @@ impl Shared {
             bg_pumping: AtomicBool::new(false),
             waker: Hook::default(),
             ready: Hook::default(),
+            credit_sleeper: Mutex::new(None),
             scheduled: AtomicBool::new(false),
             claimed: AtomicBool::new(false),
             handback: AtomicBool::new(false),

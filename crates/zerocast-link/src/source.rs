@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Mutex, TryLockError};
 use std::time::Instant;
 
+use crate::interrupt::{CreditWait, Interrupt};
 use crate::Driver;
 
 /// What a thread that pumps the source, and would wait, waits for.
@@ -110,6 +111,12 @@ impl Driver {
             Err(TryLockError::WouldBlock) => None,
         };
         let r = locked.map(|mut s| {
+            // A thread about to wait for credit is registered first, then
+            // looks: a close after the look rings it (see `interrupt`).
+            let _waiting = match awaited {
+                Awaited::Credit if until.is_some() => CreditWait::enter(&self.shared),
+                _ => None,
+            };
             let until = if until.is_some() && self.already_there(awaited) { None } else { until };
             s.pump(self, until)
         });
@@ -123,6 +130,13 @@ impl Driver {
             self.shared.kick();
         }
         r
+    }
+
+    /// For a source's wait: what to watch beside its own descriptors, on a
+    /// thread that waits for credit (a local close rings it; see
+    /// [`Interrupt`]). `None` on other waits.
+    pub fn interrupt(&self) -> Option<Interrupt> {
+        Interrupt::current()
     }
 
     /// Whether what a waiting pump would wait for has come already.

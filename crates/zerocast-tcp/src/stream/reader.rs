@@ -17,7 +17,7 @@ use rustix::io::Errno;
 use rustix::net::{recv, recvmsg, RecvAncillaryBuffer, RecvFlags};
 use socket2::Socket;
 use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
-use zerocast_link::{Driver, Pumped, Source};
+use zerocast_link::{Driver, Interrupt, Pumped, Source};
 use zerocast_mem::{Buf, PoolError, Wait};
 
 /// Staging for headers and small frames.
@@ -85,18 +85,33 @@ fn readable(sock: &Socket, wait: Option<Duration>) -> bool {
         || fds[0].revents().intersects(PollFlags::ERR | PollFlags::HUP)
 }
 
+/// [`readable`], also ending when `interrupt` rings (a local close while
+/// this thread waits for credit): `false` then, and the ring is reset.
+fn readable_or_interrupted(sock: &Socket, wait: Duration, interrupt: Option<&Interrupt>) -> bool {
+    let Some(intr) = interrupt else { return readable(sock, Some(wait)) };
+    let mut fds = [PollFd::new(sock, PollFlags::IN), PollFd::from_borrowed_fd(intr.fd(), PollFlags::IN)];
+    let ts = Timespec { tv_sec: wait.as_secs() as i64, tv_nsec: i64::from(wait.subsec_nanos()) };
+    if !matches!(poll(&mut fds, Some(&ts)), Ok(n) if n > 0) {
+        return false;
+    }
+    if !fds[1].revents().is_empty() {
+        intr.clear();
+    }
+    !fds[0].revents().is_empty()
+}
+
 /// [`readable`] for a receiving application thread: ask without sleeping
 /// (yielding the core in between) for up to [`SPIN`] first. A reply that comes within that time is taken
 /// on the same core with no wake-up at all; a wake-up (on a virtual machine
 /// often an inter-processor interrupt and a halted vCPU brought back) costs
 /// more than the spin.
-fn readable_soon(sock: &Socket, wait: Duration) -> bool {
+fn readable_soon(sock: &Socket, wait: Duration, interrupt: Option<&Interrupt>) -> bool {
     // At most one spinning thread per core but one: a thousand receiving
     // threads that all spin fill the run queue and starve the threads
     // that would answer them.
     let _spinning = match Spinner::enter() {
         Some(s) => s,
-        None => return readable(sock, Some(wait)),
+        None => return readable_or_interrupted(sock, wait, interrupt),
     };
     let start = Instant::now();
     let spin = SPIN.min(wait);
@@ -106,7 +121,7 @@ fn readable_soon(sock: &Socket, wait: Duration) -> bool {
         }
         let spent = start.elapsed();
         if spent >= spin {
-            return wait > spent && readable(sock, Some(wait - spent));
+            return wait > spent && readable_or_interrupted(sock, wait - spent, interrupt);
         }
         // Stay runnable, but let a thread on this core that would send
         // (the peer, in the same process, say) go first.
@@ -190,7 +205,7 @@ impl Source for Reader {
                 // Without a deadline, ask the socket once more instead.
                 if until.is_some() {
                     self.note_stall();
-                    if !self.wait(until) {
+                    if !self.wait(driver, until) {
                         return self.idle(driver);
                     }
                 }
@@ -201,7 +216,7 @@ impl Source for Reader {
                 Err(Stop::Idle | Stop::Starved) if frames > 0 => return self.idle_after(Pumped::Frames),
                 Err(Stop::Idle) => {
                     self.note_stall();
-                    if !self.wait(until) {
+                    if !self.wait(driver, until) {
                         return self.idle(driver);
                     }
                 }
@@ -251,11 +266,11 @@ impl Reader {
 
     /// Wait until the socket is readable, `until` passes or a stalled
     /// frame's deadline comes, whichever is first; whether it is readable.
-    fn wait(&self, until: Option<Instant>) -> bool {
+    fn wait(&self, driver: &Driver, until: Option<Instant>) -> bool {
         let Some(until) = until else { return false };
         let limit = self.stall_deadline().map_or(until, |d| d.min(until));
         let left = limit.checked_duration_since(Instant::now());
-        matches!(left, Some(left) if !left.is_zero() && readable_soon(&self.sock, left))
+        matches!(left, Some(left) if !left.is_zero() && readable_soon(&self.sock, left, driver.interrupt().as_ref()))
     }
 
     /// A frame is part-way and the socket has nothing more: start its

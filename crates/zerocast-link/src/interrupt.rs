@@ -1,0 +1,122 @@
+//! Waking a thread that waits in a source's pump for credit, when what
+//! ends its wait is nothing the source announces: a local close of the
+//! sending side while the peer stalls (a TCP socket stays silent).
+//!
+//! Each thread that ever waits for credit in a pump gets one eventfd of
+//! its own, made the first time. While it holds a connection's source and
+//! waits for credit, that connection knows it ([`Shared::credit_sleeper`]);
+//! [`crate::Link::close`] rings it. The source's wait watches it beside its
+//! own descriptors ([`crate::Driver::interrupt`]). Registration comes
+//! before the pump looks at the state for the last time, and the close
+//! sets the state before it looks for a sleeper, both under locks, so one
+//! of them sees the other. A ring that comes after the wait ended leaves
+//! the thread's next wait to return early once, which every caller of a
+//! pump handles (it looks again and pumps again).
+
+use std::cell::{Cell, OnceCell};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, MutexGuard};
+
+use rustix::event::{eventfd, EventfdFlags};
+
+use crate::shared::Shared;
+
+/// One thread's eventfd.
+#[derive(Debug)]
+pub(crate) struct Sleeper {
+    fd: OwnedFd,
+}
+
+impl Sleeper {
+    /// Wake the thread's wait.
+    pub(crate) fn ring(&self) {
+        // A full counter (after 2^64 - 2 rings) still reads as readable.
+        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
+    }
+}
+
+thread_local! {
+    /// This thread's sleeper, once it needed one (`None` inside: eventfd
+    /// failed, and waits keep their slices).
+    static SLEEPER: OnceCell<Option<Arc<Sleeper>>> = const { OnceCell::new() };
+    /// This thread holds a source and waits in it for credit.
+    static WAITING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread has (or now made) its eventfd: its credit waits
+/// can then be woken by a close.
+pub(crate) fn available() -> bool {
+    current().is_some()
+}
+
+fn current() -> Option<Arc<Sleeper>> {
+    SLEEPER.with(|s| {
+        s.get_or_init(|| {
+            let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).ok()?;
+            Some(Arc::new(Sleeper { fd }))
+        })
+        .clone()
+    })
+}
+
+/// This thread waits for credit in `shared`'s source while it lives.
+pub(crate) struct CreditWait<'a> {
+    shared: &'a Shared,
+}
+
+impl<'a> CreditWait<'a> {
+    /// Register this thread (the holder of `shared`'s source). `None`: it
+    /// has no eventfd, and the wait must keep its slices.
+    pub(crate) fn enter(shared: &'a Shared) -> Option<Self> {
+        let sleeper = current()?;
+        *lock(shared) = Some(sleeper);
+        WAITING.set(true);
+        Some(Self { shared })
+    }
+}
+
+impl Drop for CreditWait<'_> {
+    fn drop(&mut self) {
+        WAITING.set(false);
+        *lock(self.shared) = None;
+    }
+}
+
+fn lock(shared: &Shared) -> MutexGuard<'_, Option<Arc<Sleeper>>> {
+    // One assignment at a time: consistent after a panic.
+    shared.credit_sleeper.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Ring the thread waiting for credit in `shared`'s source, if one does.
+pub(crate) fn ring_credit_sleeper(shared: &Shared) {
+    if let Some(s) = lock(shared).as_ref() {
+        s.ring();
+    }
+}
+
+/// What a source's wait watches beside its own descriptors, on a thread
+/// that waits for credit (see the module docs).
+#[derive(Debug)]
+pub struct Interrupt(Arc<Sleeper>);
+
+impl Interrupt {
+    /// This thread's interrupt, if it waits for credit in a source now.
+    pub(crate) fn current() -> Option<Self> {
+        if !WAITING.get() {
+            return None;
+        }
+        SLEEPER.with(|s| s.get().cloned().flatten()).map(Interrupt)
+    }
+
+    /// The descriptor to watch for reading.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.0.fd.as_fd()
+    }
+
+    /// After the descriptor was found readable: reset it, so that the next
+    /// wait sleeps.
+    pub fn clear(&self) {
+        let mut b = [0u8; 8];
+        let _ = rustix::io::read(&self.0.fd, &mut b);
+    }
+}

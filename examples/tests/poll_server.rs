@@ -7,22 +7,11 @@
 
 #![forbid(unsafe_code)]
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 
-/// The example built beside this test.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<this test> -> target/<profile>/examples/<name>
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target profile directory");
-    let path = dir.join("examples").join(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: build it with `cargo test -p zerocast-examples --no-run`",
-        path.display()
-    );
-    path
-}
+use common::example;
 
 #[test]
 fn poll_server_serves_300_clients_on_two_threads() {

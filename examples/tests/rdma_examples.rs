@@ -9,12 +9,15 @@
 #![cfg(feature = "rdma")]
 #![forbid(unsafe_code)]
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
+
+use common::example;
 
 /// How long one example process may run.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -22,20 +25,6 @@ const LIMIT: Duration = Duration::from_secs(60);
 /// The address rxe0 is bound to in the guest.
 fn addr() -> String {
     std::env::var("ZEROCAST_RDMA_ADDR").unwrap_or_else(|_| "10.0.2.15".to_owned())
-}
-
-/// An example binary built beside this test (`target/<profile>/examples/`).
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<this test> -> target/<profile>/examples/<name>
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target profile directory");
-    let path = dir.join("examples").join(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: build it with `cargo test -p zerocast-examples --features rdma --no-run`",
-        path.display()
-    );
-    path
 }
 
 /// A running example: its stdout lines arrive on `lines`.

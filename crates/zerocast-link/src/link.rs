@@ -218,7 +218,8 @@ impl Link {
         // A local close, which nothing on the socket announces, rings this
         // thread's eventfd, which the source's wait watches (see
         // `interrupt`); without one, the wait goes in slices.
-        let slice = if crate::interrupt::available() {
+        let slice = if self.shared.interrupt_watched.load(Ordering::Relaxed) && crate::interrupt::available()
+        {
             now + self.shared.wait_slice()
         } else {
             now + Duration::from_millis(100)

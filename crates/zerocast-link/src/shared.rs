@@ -123,6 +123,9 @@ pub(crate) struct Shared {
     /// The source's waits are woken by everything that concerns them (see
     /// [`crate::Driver::install_waking_source`]).
     pub(crate) source_wakes: AtomicBool,
+    /// The source's wait watches a credit waiter's interrupt (see
+    /// [`crate::Driver::watches_interrupt`]).
+    pub(crate) interrupt_watched: AtomicBool,
     /// Received buffers released and not yet told to the credit machine
     /// (see [`Shared::release_one`]).
     released: AtomicU32,
@@ -188,6 +191,7 @@ impl Shared {
             claimed: AtomicBool::new(false),
             handback: AtomicBool::new(false),
             source_wakes: AtomicBool::new(false),
+            interrupt_watched: AtomicBool::new(false),
             queue_waiters: AtomicUsize::new(0),
             spare_batch: Mutex::new(Vec::with_capacity(setup.config.max_batch + 2)),
             released: AtomicU32::new(0),

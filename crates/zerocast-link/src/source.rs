@@ -77,6 +77,14 @@ impl Driver {
         self.install_source(source);
     }
 
+    /// The installed source's wait also watches [`Driver::interrupt`]: a
+    /// thread waiting in it for credit then sleeps until its deadline,
+    /// woken by a local close; other sources' credit waits go in 100 ms
+    /// slices.
+    pub fn watches_interrupt(&self) {
+        self.shared.interrupt_watched.store(true, Ordering::Relaxed);
+    }
+
     /// Pump the installed source from the backend's engine task, unless
     /// another thread is pumping it now (`None`) or no source is installed
     /// (`Some(Pumped::Done)`).

@@ -41,6 +41,7 @@ impl ConnTask {
     pub(super) fn new(sock: Arc<Socket>, driver: Driver, frame_timeout: Duration, peer_window: u32) -> Self {
         let attention = Arc::new(Attention::default());
         driver.install_waking_source(Box::new(Reader::new(sock.clone(), frame_timeout, attention.clone())));
+        driver.watches_interrupt();
         Self {
             sock,
             driver,

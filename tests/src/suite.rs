@@ -169,6 +169,39 @@ pub fn close_and_wait(t: &Transport) {
     t.assert_pool_drained(Duration::from_secs(10));
 }
 
+/// A sender that drops its last handle straight after its last send, to a
+/// peer that closed its own sending side first and reads slowly, loses
+/// nothing: the connection outlives its handles until the peer has read
+/// everything (on `tcp://`, the socket is not closed under the peer's
+/// credit frames, which would reset it and discard what the kernel still
+/// held), then the peer sees a clean end.
+pub fn drop_right_after_sending(t: &Transport) {
+    const N: u64 = 64;
+    let (client, server) = t.pair();
+    server.close();
+    let size = client.max_message().min(1 << 20);
+    let sender = thread::spawn(move || {
+        for seq in 0..N {
+            let mut buf = client.alloc(size).expect("alloc");
+            checksum::write(seq, &mut buf);
+            client.send(buf).expect("send");
+        }
+    });
+    for next in 0..N {
+        match server.recv_timeout(Duration::from_secs(10)) {
+            Ok(msg) => assert_eq!(checksum::verify(&msg), Ok(next), "lost, duplicated or reordered"),
+            Err(e) => panic!("receive failed after {next} of {N} messages: {e:?}"),
+        }
+    }
+    match server.recv_timeout(Duration::from_secs(10)) {
+        Err(e @ RecvError::Disconnected) => assert_eq!(e.kind(), Some(ErrorKind::Closed), "an orderly close"),
+        other => panic!("after the last message: {other:?}"),
+    }
+    sender.join().expect("sender");
+    drop(server);
+    t.assert_pool_drained(Duration::from_secs(10));
+}
+
 /// Typed channels: dropping the sender ends the receiver's iteration after
 /// every message; a dropped receiver makes sends fail, message handed back.
 pub fn typed_disconnect(t: &Transport) {

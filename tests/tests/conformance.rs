@@ -39,6 +39,11 @@ macro_rules! conformance {
             }
 
             #[test]
+            fn drop_right_after_sending() {
+                suite::drop_right_after_sending(&transport());
+            }
+
+            #[test]
             fn typed_disconnect() {
                 suite::typed_disconnect(&transport());
             }

@@ -98,6 +98,12 @@ macro_rules! conformance {
 
             #[test]
             #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn drop_right_after_sending() {
+                run(suite::drop_right_after_sending);
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
             fn typed_disconnect() {
                 run(suite::typed_disconnect);
             }

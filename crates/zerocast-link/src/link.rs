@@ -476,8 +476,9 @@ impl Link {
     }
 
     /// Wait until the connection is over: both sides said goodbye and this
-    /// side's writer has put everything out (on RDMA: its completion polled), or the
-    /// connection failed. Call it after [`Link::close`] before a process
+    /// side's writer has put everything out (on RDMA: its completion
+    /// polled; on a stream: the peer ended its stream, so it has read
+    /// everything), or the connection failed. Call it after [`Link::close`] before a process
     /// exits, so the peer sees a clean goodbye rather than a vanished peer.
     /// `true` for a clean end; `false` on a failure or at `deadline`.
     pub fn wait_closed(&self, deadline: Option<Instant>) -> bool {

@@ -102,7 +102,10 @@ pub enum Writing {
     Backlog,
     /// The writer is done: the connection failed, or both goodbyes are out
     /// and written. Shut the write side down and call
-    /// [`Driver::writer_done`].
+    /// [`Driver::writer_done`] once the peer has everything (a stream
+    /// backend reads on until the peer's end of stream: closing a socket
+    /// that still receives resets it, and the reset discards what the
+    /// kernel had not yet sent).
     Finished,
 }
 

@@ -233,8 +233,10 @@ impl Connection {
 
     /// Close the sending side and wait, up to `timeout`, until the
     /// connection is over: both sides said goodbye and ours is out (on
-    /// RDMA: its completion polled). Call it before a process exits, so the peer sees
-    /// a clean disconnect rather than a vanished peer. `true` for a clean
+    /// RDMA: its completion polled; on `tcp://`: the peer ended its stream,
+    /// having read everything). Call it before a process exits, so the
+    /// peer gets every message and sees a clean disconnect rather than a
+    /// vanished peer. `true` for a clean
     /// end; `false` if the connection failed or the peer did not close in
     /// time.
     pub fn close_and_wait(&self, timeout: Duration) -> bool {

@@ -5,6 +5,12 @@
 //! It runs when the socket is ready, when the link wakes it (frames queued,
 //! a receiving thread let go of the socket), or at its timer: the
 //! heartbeat's next deadline, or a part-way frame's stall deadline.
+//!
+//! After both goodbyes the write half is shut, but the socket stays open
+//! and is read (its frames checked) until the peer's end of stream: a
+//! socket closed while bytes still arrive for it (the peer's credits, say)
+//! is reset by the kernel, and a reset discards whatever the kernel had
+//! not yet sent, so the peer would lose the tail of the stream.
 
 use std::net::Shutdown;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -33,11 +39,19 @@ pub(super) struct ConnTask {
     backlog: bool,
     /// The heartbeat's next deadline.
     heartbeat: Option<Instant>,
+    /// Bounds the wait for the peer's end of stream once both goodbyes
+    /// are out and in.
+    linger: Duration,
+    /// Both goodbyes are out and in and the write half is shut: reading
+    /// on until the peer's end of stream, or this deadline.
+    lingering: Option<Instant>,
 }
 
 impl ConnTask {
     /// A task for a handshaken socket; receiving threads may read it from
     /// now on.
+    /// A peer that has not ended its stream `frame_timeout` after both
+    /// goodbyes has its socket closed anyway.
     pub(super) fn new(sock: Arc<Socket>, driver: Driver, frame_timeout: Duration, peer_window: u32) -> Self {
         let attention = Arc::new(Attention::default());
         driver.install_waking_source(Box::new(Reader::new(sock.clone(), frame_timeout, attention.clone())));
@@ -52,6 +66,8 @@ impl ConnTask {
             awaiting_handback: false,
             backlog: false,
             heartbeat: None,
+            linger: frame_timeout,
+            lingering: None,
         }
     }
 
@@ -69,13 +85,27 @@ impl ConnTask {
         }
     }
 
-    /// The write side is over: shut the socket's write half (all of it
-    /// after a failure, which also stops a peer blocked on us) and let
-    /// `wait_closed` know.
-    fn finish(&mut self) {
-        let how = if self.driver.error().is_some() { Shutdown::Both } else { Shutdown::Write };
-        let _ = self.sock.shutdown(how);
+    /// The writer is done. After a failure, shut the whole socket (which
+    /// also stops a peer blocked on us) and end. After both goodbyes, shut
+    /// the write half and linger: read on until the peer's end of stream.
+    fn writing_finished(&mut self, now: Instant) {
+        if self.driver.error().is_some() {
+            let _ = self.sock.shutdown(Shutdown::Both);
+            self.reading = false;
+        } else if self.lingering.is_none() {
+            let _ = self.sock.shutdown(Shutdown::Write);
+            self.lingering = Some(now + self.linger);
+        }
+    }
+
+    /// The connection is over: let `wait_closed` know. A peer that never
+    /// ended its stream has the rest of the socket shut too.
+    fn end(&mut self) -> Step {
+        if self.reading {
+            let _ = self.sock.shutdown(Shutdown::Both);
+        }
         self.driver.writer_done();
+        Step::Done
     }
 }
 
@@ -102,7 +132,8 @@ impl Task for ConnTask {
             }
         }
         let hb_due = tick && self.heartbeat.is_some_and(|t| t <= cx.now());
-        if first || cx.woken() || cx.writable() || hb_due || !self.reading {
+        let write = first || cx.woken() || cx.writable() || hb_due || !self.reading;
+        if self.lingering.is_none() && write {
             match self.driver.drive_writer(hb_due) {
                 Writing::Idle { next } => {
                     self.backlog = false;
@@ -112,22 +143,29 @@ impl Task for ConnTask {
                     self.backlog = true;
                     self.heartbeat = self.driver.heartbeat_deadline();
                 }
+                // Both goodbyes are out and in (every frame before the
+                // peer's was read), or the connection failed.
                 Writing::Finished => {
-                    // Both goodbyes are out and in (every frame before the
-                    // peer's was read), or the connection failed: nothing
-                    // more is read either.
-                    self.finish();
-                    return Step::Done;
+                    self.backlog = false;
+                    self.heartbeat = None;
+                    self.writing_finished(cx.now());
+                    if self.reading {
+                        self.pump();
+                    }
                 }
             }
+        }
+        if let Some(deadline) = self.lingering {
+            if !self.reading || cx.now() >= deadline {
+                return self.end();
+            }
+        } else if !self.reading && self.driver.error().is_some() {
+            return self.end();
         }
         let read = self.reading && !self.awaiting_handback && !self.driver.reader_claimed();
         cx.set_interest(Interest { read, write: self.backlog });
         let stall = if self.reading { self.attention.get() } else { None };
-        let timer = match (stall, self.heartbeat) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let timer = [stall, self.heartbeat, self.lingering].into_iter().flatten().min();
         cx.set_timer(timer);
         Step::Continue
     }

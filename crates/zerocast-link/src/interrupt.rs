@@ -46,16 +46,17 @@ thread_local! {
 /// Whether this thread has (or now made) its eventfd: its credit waits
 /// can then be woken by a close.
 pub(crate) fn available() -> bool {
-    current().is_some()
+    with_sleeper(|s| s.is_some())
 }
 
-fn current() -> Option<Arc<Sleeper>> {
+/// Look at this thread's sleeper, made the first time.
+fn with_sleeper<R>(f: impl FnOnce(Option<&Arc<Sleeper>>) -> R) -> R {
     SLEEPER.with(|s| {
-        s.get_or_init(|| {
+        f(s.get_or_init(|| {
             let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).ok()?;
             Some(Arc::new(Sleeper { fd }))
         })
-        .clone()
+        .as_ref())
     })
 }
 
@@ -68,7 +69,7 @@ impl<'a> CreditWait<'a> {
     /// Register this thread (the holder of `shared`'s source). `None`: it
     /// has no eventfd, and the wait must keep its slices.
     pub(crate) fn enter(shared: &'a Shared) -> Option<Self> {
-        let sleeper = current()?;
+        let sleeper = with_sleeper(|s| s.cloned())?;
         *lock(shared) = Some(sleeper);
         WAITING.set(true);
         Some(Self { shared })

@@ -122,7 +122,11 @@ impl Driver {
             // A thread about to wait for credit is registered first, then
             // looks: a close after the look rings it (see `interrupt`).
             let _waiting = match awaited {
-                Awaited::Credit if until.is_some() => CreditWait::enter(&self.shared),
+                Awaited::Credit
+                    if until.is_some() && self.shared.interrupt_watched.load(Ordering::Relaxed) =>
+                {
+                    CreditWait::enter(&self.shared)
+                }
                 _ => None,
             };
             let until = if until.is_some() && self.already_there(awaited) { None } else { until };

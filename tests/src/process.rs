@@ -1,5 +1,5 @@
 //! What a process uses, as the scale tests measure it: its threads
-//! (`/proc/PID/task`), resident memory (`VmRSS`), CPU time (`utime` and
+//! (`/proc/PID/task`), open descriptors (`/proc/PID/fd`), resident memory (`VmRSS`), CPU time (`utime` and
 //! `stime` of `/proc/PID/stat`); and the open-files limit that a test with
 //! thousands of sockets raises first.
 
@@ -32,6 +32,12 @@ impl Proc {
     /// Its number of threads.
     pub fn threads(&self) -> usize {
         let path = format!("{}/task", self.dir);
+        std::fs::read_dir(&path).unwrap_or_else(|e| panic!("reading {path}: {e}")).count()
+    }
+
+    /// Its open file descriptors.
+    pub fn fds(&self) -> usize {
+        let path = format!("{}/fd", self.dir);
         std::fs::read_dir(&path).unwrap_or_else(|e| panic!("reading {path}: {e}")).count()
     }
 

@@ -23,14 +23,19 @@ use zerocast_tests::process::Proc;
 /// Connections open at the same time.
 const CONNS: usize = 1_000;
 
+/// Descriptors a process holds whatever its connections: the device, the
+/// engine's epoll and wakeup, event channels, the listener, pipes, libtest.
+const FIXED_FDS: usize = 100;
+
 const SPEC: Spec = Spec {
     listen: || {
         let addr = std::env::var("ZEROCAST_RDMA_ADDR").unwrap_or_else(|_| "10.0.2.15".to_owned());
         format!("rc://{addr}:0")
     },
     zerocast: || Zerocast::with_config(Config::default().with_rc(RcConfig::default().with_rnr_retry(0))),
-    // The rdma_cm event channel and the completion channel.
-    fds_per_conn: 2,
+    // The completion channel: rdma_cm events come through the transport's
+    // one event channel.
+    fds_per_conn: 1,
     msg_len: |i| [64, 2_000, 20_000, 60_000][i % 4],
 };
 
@@ -53,13 +58,15 @@ fn a_thousand_rc_connections_at_defaults_run_on_a_few_threads() {
     let elapsed = start.elapsed();
     let threads = many::check_threads("server process", CONNS);
     let client_threads = opened.clients.proc().threads();
+    let (fds, client_fds) = (Proc::me().fds(), opened.clients.proc().fds());
     let rc = zc.rc().expect("the rc transport");
     let memory = rc.recv_memory();
     let pool = rc.pool().stats();
     println!(
         "{CONNS} rc:// connections: opened in {:?}, one echo each in {:?}, {elapsed:?} in all; with all \
          open: {threads} threads in the server process, {client_threads} in the client process (bound \
-         {}); receive memory reserved {} MiB of {} MiB; pool {} MiB in {} regions; VmRSS {} MiB",
+         {}); {fds} descriptors in the server process, {client_fds} in the client process; receive \
+         memory reserved {} MiB of {} MiB; pool {} MiB in {} regions; VmRSS {} MiB",
         opened.open_time,
         opened.echo_time,
         ENGINES + OTHERS,
@@ -74,6 +81,13 @@ fn a_thousand_rc_connections_at_defaults_run_on_a_few_threads() {
         client_threads <= ENGINES + OTHERS,
         "client process: {client_threads} threads with {CONNS} connections open: more than {ENGINES} \
          engine(s) + {OTHERS}"
+    );
+    let fd_bound = CONNS * SPEC.fds_per_conn as usize + FIXED_FDS;
+    assert!(
+        fds <= fd_bound && client_fds <= fd_bound,
+        "{fds} descriptors in the server process, {client_fds} in the client's, with {CONNS} connections: \
+         more than {} per connection and {FIXED_FDS} besides",
+        SPEC.fds_per_conn
     );
     assert!(memory.reserved > 0 && memory.reserved <= memory.limit, "{memory:?}");
     assert_eq!(zerocast_tests::rnr_counters(), rnr_before, "RNR counters (received, sent) moved");

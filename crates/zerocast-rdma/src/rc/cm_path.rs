@@ -1,10 +1,13 @@
 //! `rc://`: connecting and accepting through rdma_cm.
 //!
-//! Client: resolve address → resolve route → create QP → post receives →
-//! `rdma_connect` with our hello as private data → ESTABLISHED carries the
-//! server's hello. Server: CONNECT_REQUEST carries the client's hello →
-//! the new id moves to its own event channel → create QP → post receives →
-//! `rdma_accept` with our hello → ESTABLISHED.
+//! Client: resolve address → resolve route (on an event channel of the
+//! connect's own) → the id moves to the transport's event channel (see
+//! `cm_hub`) → create QP → post receives → `rdma_connect` with our hello as
+//! private data → ESTABLISHED carries the server's hello. Server:
+//! CONNECT_REQUEST carries the client's hello → the new id moves to the
+//! transport's event channel → create QP → post receives → `rdma_accept`
+//! with our hello → ESTABLISHED. Either way the connection's rdma_cm watch
+//! then takes the id's events from the transport's channel.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -14,9 +17,10 @@ use std::time::{Duration, Instant};
 
 use rdma_sys::{rdma_cm_event_type as ev, rdma_conn_param};
 use zerocast_core::{ConnError, ConnectError, Endpoint, Hello, LinkConfig};
-use zerocast_link::engine::{Cx, Interest, Step, Task};
+use zerocast_link::engine::{Cx, Step, Task};
 use zerocast_link::Driver;
 
+use super::cm_hub::RouteGuard;
 use super::engine::{Io, Receives, Sizes};
 use super::listen::{AcceptTask, Intake, RcListener, Shared, Taken};
 use super::srq::SharedRecv;
@@ -136,7 +140,7 @@ pub(super) fn connect(
     let deadline = Instant::now() + t.inner.cfg.connect_timeout;
     let io_err = |e| ConnectError::Io { endpoint: ep.to_string(), source: e };
     let ch = EventChannel::new().map_err(io_err)?;
-    let id = CmId::new(&ch).map_err(io_err)?;
+    let mut id = CmId::new(&ch).map_err(io_err)?;
     let dst = CmId::sockaddr(addr);
     let ms = t.inner.cfg.connect_timeout.as_millis().min(i32::MAX as u128) as i32;
     // SAFETY: live id; `dst` is a valid sockaddr for the call's duration.
@@ -153,6 +157,12 @@ pub(super) fn connect(
     drop(expect(&ch, ev::RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, "resolving the route")?);
     check_device(t, &id)?;
     set_ack_timeout(&id, t.inner.cfg.timeout);
+    // From here on the id's events come through the transport's channel;
+    // this one was for resolving only.
+    let hub = t.inner.cm_hub()?;
+    let route = hub.route(&id);
+    id.migrate(hub.channel()).map_err(io_err)?;
+    drop(ch);
     let id = Arc::new(id);
     let io = prepare(t, &id, t.shaped(&link, None).map_err(transport_err)?)?;
     let hello = t.hello(&link, &io).encode();
@@ -163,27 +173,21 @@ pub(super) fn connect(
     if rc != 0 {
         return Err(verbs_err("rdma_connect", rc));
     }
-    let e = next_event(&ch, deadline, "connecting")?;
-    match e.kind() {
+    let e = route.wait(deadline).ok_or_else(|| ConnectError::Timeout("rdma_cm: connecting".into()))?;
+    match e.kind {
         ev::RDMA_CM_EVENT_ESTABLISHED => {}
-        ev::RDMA_CM_EVENT_REJECTED if e.private_data().starts_with(NO_ROOM) => return Err(no_room(ep)),
+        ev::RDMA_CM_EVENT_REJECTED if e.private_data.starts_with(NO_ROOM) => return Err(no_room(ep)),
         ev::RDMA_CM_EVENT_REJECTED => {
-            return Err(ConnectError::Refused(format!("{ep}: {}", RcError::Rejected { status: e.status() })))
+            return Err(ConnectError::Refused(format!("{ep}: {}", RcError::Rejected { status: e.status })))
         }
         _ => {
-            return Err(transport_err(RcError::Cm {
-                step: "connecting",
-                event: e.name(),
-                status: e.status(),
-            }))
+            return Err(transport_err(RcError::Cm { step: "connecting", event: e.name(), status: e.status }))
         }
     }
-    let data = e.private_data();
-    drop(e);
-    let hello = peer_hello(&data, ep)?;
+    let hello = peer_hello(&e.private_data, ep)?;
     let engine = t.inner.engines.pick();
     let (conn, driver) = t.finish(engine, io.clone(), link, hello, ep.clone())?;
-    engine.register(Box::new(Watch::new(id, io, driver)));
+    engine.register(Box::new(Watch::new(route, io, driver)));
     Ok(conn)
 }
 
@@ -265,11 +269,12 @@ impl Intake for Requests {
 }
 
 /// An accepted connect request waiting for ESTABLISHED, by a deadline on
-/// the whole handshake, on the event channel of its own the request's id
-/// moved to. Established, it becomes the connection's rdma_cm watch in
-/// place, and the connection goes to `accept`.
+/// the whole handshake, woken by the transport's event channel the
+/// request's id moved to. Established, it becomes the connection's rdma_cm
+/// watch in place, and the connection goes to `accept`.
 struct Handshake {
-    id: Arc<CmId>,
+    /// The id's events; taken by the watch the handshake becomes.
+    route: Option<RouteGuard>,
     io: Arc<Io>,
     hello: Hello,
     peer: Endpoint,
@@ -279,7 +284,7 @@ struct Handshake {
 
 impl Handshake {
     /// Check the peer's hello, admit it to the shared receive queue, move
-    /// its id to an event channel of its own, create its QP and accept.
+    /// its id to the transport's event channel, create its QP and accept.
     fn start(
         shared: &Arc<Shared>,
         mut id: CmId,
@@ -312,8 +317,9 @@ impl Handshake {
             }
         };
         let io_err = |e| ConnectError::Io { endpoint: peer.to_string(), source: e };
-        let ch = EventChannel::new().map_err(io_err)?;
-        id.migrate(&ch).map_err(io_err)?;
+        let hub = t.inner.cm_hub()?;
+        let route = hub.route(&id);
+        id.migrate(hub.channel()).map_err(io_err)?;
         check_device(t, &id)?;
         set_ack_timeout(&id, t.inner.cfg.timeout);
         let id = Arc::new(id);
@@ -326,16 +332,16 @@ impl Handshake {
             return Err(verbs_err("rdma_accept", rc));
         }
         let deadline = now + t.inner.cfg.connect_timeout;
-        Ok(Self { id, io, hello, peer, deadline, shared: shared.clone() })
+        Ok(Self { route: Some(route), io, hello, peer, deadline, shared: shared.clone() })
     }
 
-    fn established(&self) -> Step {
+    fn established(&mut self, route: RouteGuard) -> Step {
         let t = &self.shared.transport;
         let engine = t.inner.engines.pick();
         match t.finish(engine, self.io.clone(), self.shared.link, self.hello, self.peer.clone()) {
             Ok((conn, driver)) => {
                 self.shared.deliver(conn);
-                Step::Replace(Box::new(Watch::new(self.id.clone(), self.io.clone(), driver)))
+                Step::Replace(Box::new(Watch::new(route, self.io.clone(), driver)))
             }
             Err(err) => {
                 self.shared.failed(&self.peer, &err);
@@ -347,22 +353,22 @@ impl Handshake {
 
 impl Task for Handshake {
     fn fd(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.id.channel().as_fd())
+        None
     }
 
     fn run(&mut self, cx: &mut Cx<'_>) -> Step {
+        let Some(route) = &self.route else { return Step::Done };
         // One event settles it: ESTABLISHED, or anything else (a
         // rejection, an error, the peer gone) fails the handshake.
-        let failed = match self.id.channel().get(Some(Duration::ZERO)) {
-            Ok(Some(e)) if e.kind() == ev::RDMA_CM_EVENT_ESTABLISHED => {
-                drop(e);
-                return self.established();
+        let failed = match route.take(&cx.waker()) {
+            Some(e) if e.kind == ev::RDMA_CM_EVENT_ESTABLISHED => {
+                let Some(route) = self.route.take() else { return Step::Done };
+                return self.established(route);
             }
-            Ok(Some(e)) => {
-                Some(transport_err(RcError::Cm { step: "accepting", event: e.name(), status: e.status() }))
+            Some(e) => {
+                Some(transport_err(RcError::Cm { step: "accepting", event: e.name(), status: e.status }))
             }
-            Ok(None) => None,
-            Err(e) => Some(transport_err(RcError::verbs("rdma_get_cm_event", e))),
+            None => None,
         };
         if let Some(err) = failed {
             self.shared.failed(&self.peer, &err);
@@ -377,7 +383,6 @@ impl Task for Handshake {
             self.shared.failed(&self.peer, &err);
             return Step::Done;
         }
-        cx.set_interest(Interest { read: true, write: false });
         cx.set_timer(Some(self.deadline));
         Step::Continue
     }
@@ -395,13 +400,14 @@ fn peer_endpoint(id: &CmId, local: &Endpoint) -> Endpoint {
     Endpoint::parse(&format!("{}://{sa}", local.scheme())).unwrap_or_else(|_| local.clone())
 }
 
-/// The connection's rdma_cm events after setup, as an engine task: a
-/// DISCONNECTED from the peer ends the connection (its receives flush; if
-/// the peer never said goodbye, that is a [`RcError::PeerDisconnected`]).
-/// It runs when an event comes or the connection closes; once closing, it
-/// waits at most ten seconds more for the DISCONNECTED.
+/// The connection's rdma_cm events after setup, as an engine task woken
+/// by the transport's channel (see `cm_hub`): a DISCONNECTED from the peer
+/// ends the connection (its receives flush; if the peer never said
+/// goodbye, that is a [`RcError::PeerDisconnected`]). It runs when an
+/// event comes or the connection closes; once closing, it waits at most
+/// ten seconds more for the DISCONNECTED.
 pub(super) struct Watch {
-    id: Arc<CmId>,
+    route: RouteGuard,
     io: Arc<Io>,
     driver: Driver,
     registered: bool,
@@ -412,14 +418,14 @@ pub(super) struct Watch {
 const CLOSE_PATIENCE: Duration = Duration::from_secs(10);
 
 impl Watch {
-    pub(super) fn new(id: Arc<CmId>, io: Arc<Io>, driver: Driver) -> Self {
-        Self { id, io, driver, registered: false, closing_since: None }
+    pub(super) fn new(route: RouteGuard, io: Arc<Io>, driver: Driver) -> Self {
+        Self { route, io, driver, registered: false, closing_since: None }
     }
 }
 
 impl Task for Watch {
     fn fd(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.id.channel().as_fd())
+        None
     }
 
     fn run(&mut self, cx: &mut Cx<'_>) -> Step {
@@ -428,34 +434,26 @@ impl Task for Watch {
             io.wake_on_close(cx.waker());
             self.registered = true;
         }
-        loop {
-            match self.id.channel().get(Some(Duration::ZERO)) {
-                Ok(Some(e)) => match e.kind() {
-                    ev::RDMA_CM_EVENT_DISCONNECTED => {
-                        drop(e);
-                        io.mark_peer_disconnected();
-                        if !io.is_closing() {
-                            io.close();
-                        }
-                        return Step::Done;
-                    }
-                    ev::RDMA_CM_EVENT_DEVICE_REMOVAL => {
-                        drop(e);
-                        self.driver.fail(ConnError::transport(RcError::Cm {
-                            step: "connected",
-                            event: "RDMA_CM_EVENT_DEVICE_REMOVAL".into(),
-                            status: 0,
-                        }));
+        let waker = cx.waker();
+        while let Some(e) = self.route.take(&waker) {
+            match e.kind {
+                ev::RDMA_CM_EVENT_DISCONNECTED => {
+                    io.mark_peer_disconnected();
+                    if !io.is_closing() {
                         io.close();
-                        return Step::Done;
                     }
-                    _ => tracing::debug!(event = %e.name(), "rc connection: event"),
-                },
-                Ok(None) => break,
-                Err(err) => {
-                    tracing::debug!(error = %err, "rc connection: event channel failed");
                     return Step::Done;
                 }
+                ev::RDMA_CM_EVENT_DEVICE_REMOVAL => {
+                    self.driver.fail(ConnError::transport(RcError::Cm {
+                        step: "connected",
+                        event: e.name(),
+                        status: 0,
+                    }));
+                    io.close();
+                    return Step::Done;
+                }
+                _ => tracing::debug!(event = %e.name(), "rc connection: event"),
             }
         }
         if io.is_closing() {
@@ -465,7 +463,6 @@ impl Task for Watch {
             }
             cx.set_timer(Some(since + CLOSE_PATIENCE));
         }
-        cx.set_interest(Interest { read: true, write: false });
         Step::Continue
     }
 }

@@ -18,6 +18,7 @@
 //! keeps that true across its connections; see `srq` for the argument.
 
 mod budget;
+mod cm_hub;
 mod cm_path;
 mod engine;
 mod error;
@@ -36,7 +37,7 @@ mod stalled_tests;
 mod write_imm;
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use zerocast_core::{Caps, ConnError, ConnectError, Endpoint, Hello, LinkConfig, Scheme};
@@ -62,6 +63,7 @@ use crate::mr::{Access, VerbsRegistrar};
 use crate::srq::{AsyncEvents, Srq};
 use crate::verbs::{CompletionQueue, QpCaps};
 use budget::{RecvBudget, Shape};
+use cm_hub::CmHub;
 use engine::{Io, Receives, Sizes};
 use srq::{Member, SharedRecv, SrqSizes};
 
@@ -371,6 +373,31 @@ struct Inner {
     events: Arc<AsyncEvents>,
     /// Receive memory the connections have reserved, and its limit.
     recv_budget: Arc<RecvBudget>,
+    /// The rdma_cm event channel of every `rc://` connection, made for
+    /// the first.
+    cm_hub: Mutex<Option<Arc<CmHub>>>,
+}
+
+impl Inner {
+    /// The rdma_cm event channel of `rc://` connections (see `cm_hub`).
+    fn cm_hub(&self) -> Result<Arc<CmHub>, ConnectError> {
+        let mut hub = self.cm_hub.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = &*hub {
+            return Ok(h.clone());
+        }
+        let h = CmHub::start(self.engines.pick())
+            .map_err(|e| ConnectError::Io { endpoint: "rdma_cm event channel".into(), source: e })?;
+        *hub = Some(h.clone());
+        Ok(h)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(hub) = self.cm_hub.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+            hub.retire();
+        }
+    }
 }
 
 /// The RC transport: one device, one protection domain and a pool
@@ -424,7 +451,8 @@ impl RcTransport {
         let events =
             AsyncEvents::new(device.context()).map_err(|e| transport_err(RcError::verbs("eventfd", e)))?;
         let recv_budget = RecvBudget::new(cfg.recv_memory.unwrap_or(pool.config().max_bytes / 4 * 3));
-        Ok(Self { inner: Arc::new(Inner { engines, device, pd, pool, cfg, events, recv_budget }) })
+        let cm_hub = Mutex::new(None);
+        Ok(Self { inner: Arc::new(Inner { engines, device, pd, pool, cfg, events, recv_budget, cm_hub }) })
     }
 
     /// The registered pool every connection of this transport uses.

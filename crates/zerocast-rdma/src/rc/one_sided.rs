@@ -27,7 +27,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rdma_sys::{ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc_status, ibv_wr_opcode};
 use zerocast_core::SendError;
@@ -111,8 +111,12 @@ impl Table {
         self.cv.notify_all();
     }
 
-    /// Wake waiters for a free slot (the connection is closing).
+    /// Wake waiters for a free slot (the connection is closing). The lock
+    /// is taken between the caller's closing flag and the notification: a
+    /// waiter looked at the flag before it, under the lock, and so is
+    /// asleep by now (and woken), or looks after it and sees the flag.
     pub(crate) fn wake(&self) {
+        drop(lock(&self.slots));
         self.cv.notify_all();
     }
 }
@@ -422,8 +426,11 @@ fn run(io: &Io, op: Op, local: Buf, remote: RemoteRegion) -> Result<Buf, OneSide
     }
 }
 
+/// Wait for a change of the table: every one (a slot freed, a completion
+/// routed, the connection closing or abandoned) notifies under or after
+/// the lock, so the wait needs no timeout.
 fn wait<'a>(cv: &Condvar, g: MutexGuard<'a, Vec<SlotState>>) -> MutexGuard<'a, Vec<SlotState>> {
-    cv.wait_timeout(g, Duration::from_millis(20)).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0)
+    cv.wait(g).unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

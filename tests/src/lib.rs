@@ -15,6 +15,7 @@ pub mod failure;
 pub mod idle;
 pub mod many;
 pub mod process;
+pub mod raw_tcp;
 pub mod readiness;
 pub mod suite;
 

@@ -12,9 +12,9 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use zerocast::core::handshake::HELLO_LEN;
-use zerocast::core::{FrameKind, Header, Hello, HEADER_LEN};
+use zerocast::core::{FrameKind, Header, HEADER_LEN};
 use zerocast::{Config, Listener, RecvError, TcpConfig, Zerocast};
+use zerocast_tests::raw_tcp::handshaken;
 
 const WINDOW: u32 = 8;
 const SIZE: usize = 256 * 1024;
@@ -30,18 +30,6 @@ fn listen(frame: Duration) -> (Listener, SocketAddr) {
     let l = zc.listen("tcp://127.0.0.1:0").expect("listen");
     let addr = l.local_endpoint().authority().parse().expect("addr");
     (l, addr)
-}
-
-/// A raw peer after a real handshake, and the listener's side of it.
-fn handshaken(listener: &Listener, addr: SocketAddr) -> (TcpStream, zerocast::Connection) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    let hello = Hello { window: WINDOW, max_payload: 1 << 20, recv_buf_size: 0, heartbeat_ms: 0 };
-    s.write_all(&Header::new(FrameKind::Control, 0, 0, HELLO_LEN as u64).encode()).expect("write");
-    s.write_all(&hello.encode()).expect("write");
-    let conn = listener.accept().expect("accept");
-    let mut back = [0u8; HEADER_LEN + HELLO_LEN];
-    s.read_exact(&mut back).expect("server hello");
-    (s, conn)
 }
 
 /// Read frames until the peer's goodbye: the data frames' payload sizes.
@@ -76,7 +64,7 @@ fn read_until_goodbye(s: &mut TcpStream) -> std::io::Result<Vec<usize>> {
 /// while the peer does not read.
 fn sent_a_window(linger: Duration) -> (Listener, TcpStream, zerocast::Connection) {
     let (listener, addr) = listen(linger);
-    let (mut peer, conn) = handshaken(&listener, addr);
+    let (mut peer, conn) = handshaken(&listener, addr, WINDOW);
     peer.write_all(&Header::new(FrameKind::Control, 0, 0, 0).encode()).expect("goodbye");
     assert!(matches!(conn.recv_timeout(Duration::from_secs(5)), Err(RecvError::Disconnected)));
     for i in 0..MESSAGES {

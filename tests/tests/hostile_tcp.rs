@@ -2,16 +2,16 @@
 //! error on that one connection; the listener and every other connection
 //! keep working.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use zerocast::core::frame::{MAGIC, VERSION};
-use zerocast::core::handshake::HELLO_LEN;
-use zerocast::core::{CreditError, FrameError, FrameKind, Header, Hello, HEADER_LEN};
+use zerocast::core::{CreditError, FrameError, FrameKind, Header};
 use zerocast::{AcceptError, Config, ConnError, ErrorKind, Listener, RecvError, TcpConfig, Zerocast};
+use zerocast_tests::raw_tcp::handshaken;
 
 fn zc() -> Zerocast {
     let mut cfg = Config::default();
@@ -24,19 +24,6 @@ fn listen(zc: &Zerocast) -> (Listener, SocketAddr) {
     let l = zc.listen("tcp://127.0.0.1:0").expect("listen");
     let addr = l.local_endpoint().authority().parse().expect("addr");
     (l, addr)
-}
-
-/// A raw client that completes a real handshake (so it can misbehave
-/// afterwards), and the server's side of that connection.
-fn handshaken(listener: &Listener, addr: SocketAddr, window: u32) -> (TcpStream, zerocast::Connection) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    let hello = Hello { window, max_payload: 1 << 20, recv_buf_size: 0, heartbeat_ms: 0 };
-    s.write_all(&Header::new(FrameKind::Control, 0, 0, HELLO_LEN as u64).encode()).expect("write");
-    s.write_all(&hello.encode()).expect("write");
-    let server = listener.accept().expect("accept");
-    let mut back = [0u8; HEADER_LEN + HELLO_LEN];
-    s.read_exact(&mut back).expect("server hello");
-    (s, server)
 }
 
 fn data(seq: u32, payload: &[u8]) -> Vec<u8> {

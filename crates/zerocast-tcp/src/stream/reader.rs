@@ -77,24 +77,23 @@ impl Attention {
 }
 
 /// Whether `sock` has something to read (data, end of stream or an error)
-/// within `wait` (`None`: however long that takes).
-fn readable(sock: &Socket, wait: Option<Duration>) -> bool {
-    let mut fds = [PollFd::new(sock, PollFlags::IN)];
+/// within `wait` (`None`: however long that takes). With `interrupt`, the
+/// wait also ends when it rings (a local close while this thread waits for
+/// credit): the ring is reset, and the answer is still the socket's.
+fn readable(sock: &Socket, wait: Option<Duration>, interrupt: Option<&Interrupt>) -> bool {
+    let mut fds = [PollFd::new(sock, PollFlags::IN), PollFd::new(sock, PollFlags::IN)];
+    let n = match interrupt {
+        Some(intr) => {
+            fds[1] = PollFd::from_borrowed_fd(intr.fd(), PollFlags::IN);
+            2
+        }
+        None => 1,
+    };
     let ts = wait.map(|w| Timespec { tv_sec: w.as_secs() as i64, tv_nsec: i64::from(w.subsec_nanos()) });
-    matches!(poll(&mut fds, ts.as_ref()), Ok(n) if n > 0)
-        || fds[0].revents().intersects(PollFlags::ERR | PollFlags::HUP)
-}
-
-/// [`readable`], also ending when `interrupt` rings (a local close while
-/// this thread waits for credit): `false` then, and the ring is reset.
-fn readable_or_interrupted(sock: &Socket, wait: Duration, interrupt: Option<&Interrupt>) -> bool {
-    let Some(intr) = interrupt else { return readable(sock, Some(wait)) };
-    let mut fds = [PollFd::new(sock, PollFlags::IN), PollFd::from_borrowed_fd(intr.fd(), PollFlags::IN)];
-    let ts = Timespec { tv_sec: wait.as_secs() as i64, tv_nsec: i64::from(wait.subsec_nanos()) };
-    if !matches!(poll(&mut fds, Some(&ts)), Ok(n) if n > 0) {
+    if !matches!(poll(&mut fds[..n], ts.as_ref()), Ok(k) if k > 0) {
         return false;
     }
-    if !fds[1].revents().is_empty() {
+    if let Some(intr) = interrupt.filter(|_| !fds[1].revents().is_empty()) {
         intr.clear();
     }
     !fds[0].revents().is_empty()
@@ -111,17 +110,17 @@ fn readable_soon(sock: &Socket, wait: Duration, interrupt: Option<&Interrupt>) -
     // that would answer them.
     let _spinning = match Spinner::enter() {
         Some(s) => s,
-        None => return readable_or_interrupted(sock, wait, interrupt),
+        None => return readable(sock, Some(wait), interrupt),
     };
     let start = Instant::now();
     let spin = SPIN.min(wait);
     loop {
-        if readable(sock, Some(Duration::ZERO)) {
+        if readable(sock, Some(Duration::ZERO), None) {
             return true;
         }
         let spent = start.elapsed();
         if spent >= spin {
-            return wait > spent && readable_or_interrupted(sock, wait - spent, interrupt);
+            return wait > spent && readable(sock, Some(wait - spent), interrupt);
         }
         // Stay runnable, but let a thread on this core that would send
         // (the peer, in the same process, say) go first.

@@ -49,9 +49,8 @@ pub(super) struct ConnTask {
 
 impl ConnTask {
     /// A task for a handshaken socket; receiving threads may read it from
-    /// now on.
-    /// A peer that has not ended its stream `frame_timeout` after both
-    /// goodbyes has its socket closed anyway.
+    /// now on. A peer that has not ended its stream `frame_timeout` after
+    /// both goodbyes has its socket closed anyway.
     pub(super) fn new(sock: Arc<Socket>, driver: Driver, frame_timeout: Duration, peer_window: u32) -> Self {
         let attention = Arc::new(Attention::default());
         driver.install_waking_source(Box::new(Reader::new(sock.clone(), frame_timeout, attention.clone())));
@@ -82,19 +81,6 @@ impl ConnTask {
                 None => self.awaiting_handback = true,
             }
             return;
-        }
-    }
-
-    /// The writer is done. After a failure, shut the whole socket (which
-    /// also stops a peer blocked on us) and end. After both goodbyes, shut
-    /// the write half and linger: read on until the peer's end of stream.
-    fn writing_finished(&mut self, now: Instant) {
-        if self.driver.error().is_some() {
-            let _ = self.sock.shutdown(Shutdown::Both);
-            self.reading = false;
-        } else if self.lingering.is_none() {
-            let _ = self.sock.shutdown(Shutdown::Write);
-            self.lingering = Some(now + self.linger);
         }
     }
 
@@ -143,23 +129,28 @@ impl Task for ConnTask {
                     self.backlog = true;
                     self.heartbeat = self.driver.heartbeat_deadline();
                 }
+                // The connection failed: shut all of the socket (which
+                // also stops a peer blocked on us); nothing more is read.
+                Writing::Finished if self.driver.error().is_some() => {
+                    let _ = self.sock.shutdown(Shutdown::Both);
+                    self.reading = false;
+                    return self.end();
+                }
                 // Both goodbyes are out and in (every frame before the
-                // peer's was read), or the connection failed.
+                // peer's was read): shut the write half and linger, reading
+                // on until the peer's end of stream.
                 Writing::Finished => {
                     self.backlog = false;
                     self.heartbeat = None;
-                    self.writing_finished(cx.now());
+                    let _ = self.sock.shutdown(Shutdown::Write);
+                    self.lingering = Some(cx.now() + self.linger);
                     if self.reading {
                         self.pump();
                     }
                 }
             }
         }
-        if let Some(deadline) = self.lingering {
-            if !self.reading || cx.now() >= deadline {
-                return self.end();
-            }
-        } else if !self.reading && self.driver.error().is_some() {
+        if self.lingering.is_some_and(|deadline| !self.reading || cx.now() >= deadline) {
             return self.end();
         }
         let read = self.reading && !self.awaiting_handback && !self.driver.reader_claimed();

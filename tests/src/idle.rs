@@ -132,6 +132,41 @@ pub fn a_sender_blocked_on_credit_sleeps(t: &Transport, watch: Duration, max_wak
     n
 }
 
+/// A frame whose payload finds the receiver's pool at its cap waits for
+/// a buffer asleep: the receiving side's engine (nobody receives yet) is
+/// woken by the release of a buffer, not by a timer, and the message
+/// arrives whole then. Each end has a pool of its own, the receiver's
+/// 16 buffers of 512 bytes, all held. Returns the threads watched.
+pub fn a_payload_waiting_for_a_buffer_sleeps(scheme: &str, watch: Duration, max_wakes: u64) -> usize {
+    use zerocast::{Config, LinkConfig, PoolConfig, Wait, Zerocast};
+    let open = || {
+        let tiny =
+            PoolConfig::default().with_classes([512]).with_region_size(16 * 512).with_max_bytes(16 * 512);
+        let link = LinkConfig::default().with_max_payload(512);
+        let server = Zerocast::with_config(Config::default().with_pool(tiny).with_link(link));
+        let listener = server.listen(&format!("{scheme}://127.0.0.1:0")).expect("listen");
+        let at = listener.local_endpoint().to_string();
+        let client =
+            thread::spawn(move || Zerocast::with_config(Config::default()).connect(&at).expect("connect"));
+        let receiving = listener.accept().expect("accept");
+        let sending = client.join().expect("connect thread");
+        let pool = server.pool().expect("pool");
+        let held: Vec<_> = std::iter::from_fn(|| pool.alloc(512, Wait::No).ok()).collect();
+        assert_eq!(held.len(), 16, "the receiver's pool is held whole");
+        let mut msg = sending.alloc(300).expect("alloc");
+        msg.fill(0x5a);
+        sending.send(msg).expect("send");
+        (listener, sending, receiving, held)
+    };
+    let ((_listener, sending, receiving, held), n) =
+        stays_asleep(open, Duration::from_millis(300), watch, max_wakes);
+    drop(held);
+    let got = receiving.recv_timeout(Duration::from_secs(5)).expect("the message, once a buffer is back");
+    assert!(got.len() == 300 && got.iter().all(|&b| b == 0x5a), "the message arrives whole");
+    drop((got, sending, receiving));
+    n
+}
+
 /// Run `open`, let what it opened settle for `settle`, then watch it idle
 /// for `watch`: every thread zerocast started meanwhile wakes at most
 /// `max_wakes` times. Returns what `open` returned, and how many threads

@@ -21,4 +21,8 @@ fn idle_connections_do_not_wake() {
         let n = idle::a_sender_blocked_on_credit_sleeps(&t, Duration::from_secs(2), 3);
         assert_eq!(n, 1, "{uri}: threads watched");
     }
+    // And a payload waiting for a pool buffer: the engines of the two
+    // contexts it opens.
+    let n = idle::a_payload_waiting_for_a_buffer_sleeps("tcp", Duration::from_secs(2), 3);
+    assert_eq!(n, 2, "tcp: threads watched");
 }

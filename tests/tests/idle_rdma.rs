@@ -50,9 +50,10 @@ fn cfg_channel() -> Config {
 }
 
 /// In event mode, an application thread blocked in `recv` on an idle
-/// connection sleeps on the completion channel until something happens:
-/// no timed slices. (A sender waiting for credit on RC still waits in
-/// 100 ms slices.)
+/// connection sleeps on the completion channel until something happens,
+/// and so does one blocked in `send` for credit a silent peer never
+/// returns: no timed slices. A local close ends that send (its thread's
+/// interrupt, which the completion-channel wait watches, is rung).
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
 fn threads_blocked_on_an_idle_rc_connection_do_not_wake() {
@@ -61,6 +62,8 @@ fn threads_blocked_on_an_idle_rc_connection_do_not_wake() {
         let t = Transport { zc: Zerocast::with_config(cfg_channel()), listen_uri: uri };
         // The receiving thread and the engine.
         assert_eq!(idle::a_blocked_receiver_sleeps(&t, Duration::from_secs(2), 3), 2, "{scheme}");
+        // The sending thread (the engine is counted above).
+        assert_eq!(idle::a_sender_blocked_on_credit_sleeps(&t, Duration::from_secs(2), 3), 1, "{scheme}");
     }
 }
 

@@ -357,7 +357,7 @@ impl Driver {
     /// Wake the engine task that drives this connection (a backend whose
     /// device freed room for a backlog, or that has deferred work for it).
     pub fn wake(&self) {
-        self.shared.kick();
+        self.shared.wake_engine();
     }
 
     /// Whether the connection failed or both sides said goodbye.

@@ -40,6 +40,8 @@ mod recv;
 mod repost;
 mod shared;
 mod source;
+#[cfg(test)]
+mod wake_tests;
 mod wire;
 
 pub use conn::{Connection, Flavor};

@@ -103,8 +103,9 @@ pub(crate) struct Shared {
     /// Told of deliveries, when the application registered the connection
     /// for readiness (see [`crate::ready`]); it then never claims the source.
     pub(crate) ready: Hook<Readiness>,
-    /// The engine task is woken and has not yet run: further wake-ups
-    /// are merged into that run.
+    /// The engine task is woken for its writer, whose step has not yet
+    /// begun: further wake-ups for the writer are merged into that run
+    /// (see [`Shared::kick`]; the step clears it).
     pub(crate) scheduled: AtomicBool,
     /// An application thread receives on this connection and reads the
     /// source itself: the engine leaves the reading to it (see
@@ -243,14 +244,29 @@ impl Shared {
         }
     }
 
-    /// Wake the engine task that drives this connection, if an engine
-    /// does and the task is not woken already.
+    /// Wake the engine task that drives this connection for its writer
+    /// (frames queued, a credit frame due), if an engine does and its
+    /// writer's step is not due already: until that step begins, it
+    /// takes whatever is queued meanwhile.
     #[inline]
     pub(crate) fn kick(&self) {
         if let Some(waker) = self.waker.0.get() {
             if !self.scheduled.swap(true, Ordering::SeqCst) {
                 waker.wake();
             }
+        }
+    }
+
+    /// Wake the engine task that drives this connection for anything but
+    /// its writer: to read (the source came free), to repost, to look at
+    /// completions. Never merged into a pending writer's wake: the task
+    /// may be past the point where it looks at those in the run that
+    /// wake is for, and the writer's step comes after it (it would clear
+    /// the flag and this wake would be lost). The engine merges wake-ups
+    /// that come before the task runs.
+    pub(crate) fn wake_engine(&self) {
+        if let Some(waker) = self.waker.0.get() {
+            waker.wake();
         }
     }
 
@@ -274,7 +290,7 @@ impl Shared {
     /// the connection to end): the engine reads again.
     pub(crate) fn unclaim(&self) {
         if self.claimed.swap(false, Ordering::SeqCst) {
-            self.kick();
+            self.wake_engine();
         }
     }
 
@@ -299,7 +315,7 @@ impl Shared {
         // the credit. If the backend is gone, the
         // buffer simply returns to the pool.
         let _ = tx.try_send(Some(buf));
-        self.kick();
+        self.wake_engine();
     }
 
     /// One received buffer was released (or reposted): return its credit.

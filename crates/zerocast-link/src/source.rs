@@ -139,7 +139,7 @@ impl Driver {
         {
             // The engine found the source taken by this thread: it reads
             // again now.
-            self.shared.kick();
+            self.shared.wake_engine();
         }
         r
     }

@@ -266,7 +266,7 @@ pub(crate) mod tests {
     }
 
     /// A thread that drops what it is sent into its own cache, then waits.
-    fn keeper() -> (mpsc::Sender<Vec<Buf>>, mpsc::Sender<()>, thread::JoinHandle<()>) {
+    pub(crate) fn keeper() -> (mpsc::Sender<Vec<Buf>>, mpsc::Sender<()>, thread::JoinHandle<()>) {
         let (bufs_tx, bufs_rx) = mpsc::channel::<Vec<Buf>>();
         let (quit_tx, quit_rx) = mpsc::channel::<()>();
         let h = thread::spawn(move || {

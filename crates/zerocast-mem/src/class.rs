@@ -3,11 +3,13 @@
 //! Hot path: `pop`/`push` on an `ArrayQueue` sized for every buffer the class
 //! could ever hold, plus one atomic counter; neither allocates nor locks.
 //! Cold path: growing by a region, under `regions`' mutex, and waiting at the
-//! cap, under `wait_lock`.
+//! cap, under `wait_lock` (a blocked thread) or as a [`Waker`] in `hooks`
+//! (a task that must not block; see [`crate::Pool::alloc_or_wake`]).
 
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{fence, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::task::Waker;
 use std::time::Instant;
 
 use crossbeam_queue::ArrayQueue;
@@ -136,9 +138,13 @@ pub(crate) struct SizeClass {
     caches: Mutex<Vec<Arc<Shard>>>,
     /// Unique among all classes of all pools: names this class in thread caches.
     pub(crate) id: u64,
+    /// Threads blocked in [`SizeClass::wait`] plus the wakers in `hooks`:
+    /// while it is not zero, every release is announced.
     pub(crate) waiters: AtomicUsize,
     wait_lock: Mutex<()>,
     released: Condvar,
+    /// Woken once, at the next release (see [`SizeClass::wake_on_release`]).
+    hooks: Mutex<Vec<Waker>>,
 }
 
 static NEXT_CLASS_ID: AtomicU64 = AtomicU64::new(0);
@@ -178,6 +184,7 @@ impl SizeClass {
             waiters: AtomicUsize::new(0),
             wait_lock: Mutex::new(()),
             released: Condvar::new(),
+            hooks: Mutex::new(Vec::new()),
         }
     }
 
@@ -247,8 +254,37 @@ impl SizeClass {
 
     /// Wake one waiter (after a thread cache moved buffers to the shared list).
     pub(crate) fn wake_one(&self) {
-        let _g = lock(&self.wait_lock);
+        drop(lock(&self.wait_lock));
         self.released.notify_one();
+        self.fire_hooks();
+    }
+
+    /// Wake `waker` once, at the next release of a buffer of this class
+    /// (or growth). The caller looks for a buffer again after this: one
+    /// released before it is found then, one released after wakes it.
+    /// A waker already waiting (by [`Waker::will_wake`]) is not added
+    /// twice.
+    pub(crate) fn wake_on_release(&self, waker: &Waker) {
+        let mut hooks = lock(&self.hooks);
+        if !hooks.iter().any(|h| h.will_wake(waker)) {
+            hooks.push(waker.clone());
+            self.waiters.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(hooks);
+        // Pairs with the fence in `put`, as `wait`'s does.
+        fence(Ordering::SeqCst);
+    }
+
+    /// Wake (and forget) every waiting hook, outside the lock.
+    fn fire_hooks(&self) {
+        let hooks = std::mem::take(&mut *lock(&self.hooks));
+        if hooks.is_empty() {
+            return;
+        }
+        self.waiters.fetch_sub(hooks.len(), Ordering::Relaxed);
+        for h in hooks {
+            h.wake();
+        }
     }
 
     /// Hot path: give a slot back and wake one waiter if anyone waits.
@@ -262,8 +298,9 @@ impl SizeClass {
         // increment, or the waiter's pop sees our push.
         fence(Ordering::SeqCst);
         if self.waiters.load(Ordering::Relaxed) > 0 {
-            let _g = lock(&self.wait_lock);
+            drop(lock(&self.wait_lock));
             self.released.notify_one();
+            self.fire_hooks();
         }
     }
 
@@ -272,8 +309,9 @@ impl SizeClass {
     pub(crate) fn wake_all(&self) {
         fence(Ordering::SeqCst);
         if self.waiters.load(Ordering::Relaxed) > 0 {
-            let _g = lock(&self.wait_lock);
+            drop(lock(&self.wait_lock));
             self.released.notify_all();
+            self.fire_hooks();
         }
     }
 

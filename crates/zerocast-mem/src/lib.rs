@@ -73,6 +73,8 @@ mod txbuf;
 
 #[cfg(test)]
 mod proptests;
+#[cfg(test)]
+mod wake_tests;
 
 pub use buf::Buf;
 pub use config::PoolConfig;

@@ -137,6 +137,28 @@ impl Pool {
         Ok(Buf::new(&self.inner, idx as u32, region, slot, size))
     }
 
+    /// A buffer of `size` bytes now, without waiting; or, at the cap,
+    /// [`PoolError::Exhausted`], and `waker` is woken once when a buffer of
+    /// that class may have come free (one is released, or the class can
+    /// grow again). For a task that must not block, such as an event
+    /// loop's: it tries again when woken, and needs no timer to look.
+    /// Wakes can be spurious (another thread may take the buffer first).
+    ///
+    /// # Errors
+    ///
+    /// As [`Pool::alloc`] with [`Wait::No`].
+    pub fn alloc_or_wake(&self, size: usize, waker: &std::task::Waker) -> Result<Buf, PoolError> {
+        match self.alloc(size, Wait::No) {
+            Err(PoolError::Exhausted { .. }) => {
+                let idx = self.class_index(size)?;
+                self.inner.classes[idx].wake_on_release(waker);
+                // Released before the hook was in: found now.
+                self.alloc(size, Wait::No)
+            }
+            other => other,
+        }
+    }
+
     /// [`Pool::alloc`] when the thread's cache and the class's free list are
     /// empty. The entry comes with its reference of the pool.
     #[cold]

@@ -23,6 +23,17 @@ use crate::error::errno_from_rc;
 use crate::mr::{Access, MemoryRegion};
 use crate::srq::Srq;
 
+/// What ended a [`Cq::wait_or_closing`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Woke {
+    /// A completion event, taken and acknowledged.
+    Event,
+    /// The waiting thread's interrupt is readable (not cleared here).
+    Interrupted,
+    /// The close signal (or its poke), the deadline, or a signal.
+    Nothing,
+}
+
 /// A completion queue, optionally with its own completion channel.
 pub(crate) struct CompletionQueue {
     raw: NonNull<ibv_cq>,
@@ -104,16 +115,28 @@ impl CompletionQueue {
         Ok(self.take_event())
     }
 
-    /// [`Self::wait`], also returning (with `false`) once `closing` is rung.
-    pub(crate) fn wait_or_closing(&self, closing: &crate::closing::Closing, ms: c_int) -> io::Result<bool> {
+    /// [`Self::wait`], also returning once `closing` is rung or poked
+    /// (with [`Woke::Nothing`], unless an event came too). With `interrupt` (a thread's [`zerocast_link::Interrupt`]), also
+    /// returning once that is readable: [`Woke::Interrupted`].
+    pub(crate) fn wait_or_closing(
+        &self,
+        closing: &crate::closing::Closing,
+        interrupt: Option<std::os::fd::BorrowedFd<'_>>,
+        ms: c_int,
+    ) -> io::Result<Woke> {
         let Some(fd) = self.channel_fd() else {
             std::thread::yield_now();
-            return Ok(false);
+            return Ok(Woke::Nothing);
         };
-        if !crate::closing::poll_either(fd, closing.fd(), ms)? {
-            return Ok(false);
+        let extra = interrupt.map(|i| std::os::fd::AsRawFd::as_raw_fd(&i));
+        let [event, poked, interrupted] = crate::closing::poll_any(fd, closing.fd(), extra, ms)?;
+        if poked {
+            closing.clear_poke();
         }
-        Ok(self.take_event())
+        if event && self.take_event() {
+            return Ok(Woke::Event);
+        }
+        Ok(if interrupted { Woke::Interrupted } else { Woke::Nothing })
     }
 
     /// Take and acknowledge one pending completion event, if there is one.

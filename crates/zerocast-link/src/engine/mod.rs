@@ -172,6 +172,22 @@ impl Waker {
         woken.tokens.push(self.token);
         self.inner.signal(&mut woken);
     }
+
+    /// The same wake as a [`std::task::Waker`], for what wakes through
+    /// one (the pool's [`zerocast_mem::Pool::alloc_or_wake`], say).
+    pub fn to_std(&self) -> std::task::Waker {
+        std::task::Waker::from(Arc::new(self.clone()))
+    }
+}
+
+impl std::task::Wake for Waker {
+    fn wake(self: Arc<Self>) {
+        Waker::wake(&self);
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        Waker::wake(self);
+    }
 }
 
 /// A handle to an engine and its thread. Clones share the engine; its

@@ -22,7 +22,8 @@
 
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::Wake;
 use std::time::Duration;
 
 use rdma_sys::{ibv_recv_wr, ibv_sge};
@@ -102,6 +103,9 @@ pub(crate) struct Io {
     closing: AtomicBool,
     /// Rung by [`Io::close`]: wakes the connection's sleeping threads.
     close_signal: Closing,
+    /// Woken by the pool when a buffer comes back that a receive or a
+    /// rendezvous waits for (see [`Io::pool_waker`]).
+    pool_waker: std::task::Waker,
     /// Buffers the device may still own after the connection gave up on
     /// its flushes (a one-sided request's local buffer): kept here, so they
     /// go back to the pool only after the QP is destroyed.
@@ -178,7 +182,7 @@ impl Io {
         let send_desc = HeaderSlab::new(qp.pd(), sizes.send_depth).map_err(reg)?;
         let rendezvous = Rendezvous::new(HeaderSlab::new(qp.pd(), 1).map_err(reg)?, posted);
         let close_signal = Closing::new().map_err(|e| RcError::verbs("eventfd", e))?;
-        let io = Arc::new(Self {
+        let io = Arc::new_cyclic(|me| Self {
             qp,
             cq,
             rendezvous,
@@ -204,6 +208,7 @@ impl Io {
             peer_disconnected: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             close_signal,
+            pool_waker: std::task::Waker::from(Arc::new(PoolWake(me.clone()))),
             abandoned: Mutex::new(Vec::new()),
             srq,
             recv_window: sizes.recv_window,
@@ -298,7 +303,7 @@ impl Io {
     fn try_repost(&self, driver: &Driver, buf: Option<Buf>) -> Result<bool, RcError> {
         let buf = match buf {
             Some(b) if b.capacity() == self.buf_size => b,
-            _ => match self.pool.alloc(self.buf_size, Wait::No) {
+            _ => match self.pool.alloc_or_wake(self.buf_size, &self.pool_waker) {
                 Ok(b) => b,
                 Err(zerocast_mem::PoolError::Exhausted { .. }) => return Ok(false),
                 Err(source) => return Err(RcError::Pool { what: "a receive", len: self.buf_size, source }),
@@ -318,6 +323,13 @@ impl Io {
         }
         driver.on_reposted();
         Ok(true)
+    }
+
+    /// What to hand [`Pool::alloc_or_wake`] for a buffer this connection
+    /// waits for: the pool wakes the engine task and pokes a thread
+    /// sleeping on the CQ (either tries again), so no timer looks.
+    pub(crate) fn pool_waker(&self) -> &std::task::Waker {
+        &self.pool_waker
     }
 
     /// The error of a receive that found no pool buffer for too long.
@@ -436,14 +448,29 @@ impl Io {
     }
 }
 
+/// The pool's wake of a connection waiting for a buffer (see
+/// [`Io::pool_waker`]).
+struct PoolWake(Weak<Io>);
+
+impl Wake for PoolWake {
+    fn wake(self: Arc<Self>) {
+        if let Some(io) = self.0.upgrade() {
+            io.wake_tasks();
+            io.close_signal.poke();
+        }
+    }
+}
+
 /// Put an established connection on `engine`, and let application
 /// threads post sends, poll the CQ and repost receives themselves (see
 /// ARCHITECTURE.md, "caller-driven I/O").
 pub(crate) fn register(engine: &Engine, io: &Arc<Io>, driver: Driver, reposts: Reposts, peer_window: u32) {
     // Its waits end at a completion (a frame, a credit, the goodbye's own
     // send) or at `Io::close`'s signal, which every failure and end of the
-    // connection reaches through the engine task.
+    // connection reaches through the engine task; a thread waiting for
+    // credit also at a local close, which rings its interrupt.
     driver.install_waking_source(Box::new(poll::RcSource::new(io.clone())));
+    driver.watches_interrupt();
     driver.install_reposter(Box::new(Reposter(io.clone())));
     engine.register(Box::new(task::RcTask::new(io.clone(), driver, reposts, peer_window)));
 }

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use rdma_sys::{ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc_status, ibv_wr_opcode};
 use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
 use zerocast_link::Driver;
-use zerocast_mem::{Buf, PoolError, Wait};
+use zerocast_mem::{Buf, PoolError};
 
 use crate::mr::{Access, MemoryRegion};
 use crate::rc::engine::Io;
@@ -303,11 +303,21 @@ impl Rendezvous {
         self.starved.store(false, Ordering::Relaxed);
     }
 
-    /// A rendezvous waits for a pool buffer: pumps must try again, and the
-    /// engine task must look again on a timer.
+    /// A rendezvous waits for a pool buffer: pumps must try again (the
+    /// pool wakes the connection when one comes back: see
+    /// [`Io::pool_waker`]).
     #[inline]
     pub(crate) fn is_starved(&self) -> bool {
         self.starved.load(Ordering::Relaxed)
+    }
+
+    /// When a starved rendezvous fails the connection, if no pool buffer
+    /// has come by then.
+    pub(crate) fn starved_until(&self) -> Option<Instant> {
+        if !self.is_starved() {
+            return None;
+        }
+        lock(&self.inbound).starved_since.map(|t| t + ALLOC_PATIENCE)
     }
 }
 
@@ -397,7 +407,7 @@ pub(crate) fn retry(io: &Io, driver: &Driver) -> Result<(), ConnError> {
 fn start_read(io: &Io, st: &mut Inbound, header: Header, d: Descriptor) -> Result<bool, RcError> {
     let len = d.len as usize;
     let pool_error = |source| RcError::Pool { what: "a rendezvous read", len, source };
-    let buf = match io.pool().alloc(len, Wait::No) {
+    let buf = match io.pool().alloc_or_wake(len, io.pool_waker()) {
         Ok(buf) => buf,
         Err(e @ (PoolError::Exhausted { .. } | PoolError::Timeout { .. })) => {
             let since = *st.starved_since.get_or_insert_with(Instant::now);

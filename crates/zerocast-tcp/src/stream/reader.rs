@@ -7,7 +7,7 @@
 
 use std::io::IoSliceMut;
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -46,16 +46,21 @@ const SPIN: Duration = Duration::from_micros(20);
 /// How long a frame's payload may wait for a pool buffer before the
 /// connection fails.
 const POOL_PATIENCE: Duration = Duration::from_secs(30);
-/// How often the engine tries the pool again while a payload waits
-/// for a buffer.
-const POOL_RETRY: Duration = Duration::from_millis(10);
 
-/// When the engine must pump again though the socket has nothing new: a
-/// stalled frame's deadline, or the next try for a pool buffer.
-/// Nanoseconds since [`epoch`]; 0 for never. Set by the [`Reader`] (on
-/// whichever thread pumps it), read by the connection's engine task.
+/// What the [`Reader`] (on whichever thread pumps it) tells the
+/// connection's engine task beside the socket's readiness.
 #[derive(Debug, Default)]
-pub(super) struct Attention(AtomicU64);
+pub(super) struct Attention {
+    /// When the engine must pump again though the socket has nothing new:
+    /// a stalled frame's deadline, or the end of the wait for a pool
+    /// buffer. Nanoseconds since [`epoch`]; 0 for never.
+    due: AtomicU64,
+    /// A payload waits for a pool buffer: the pool wakes the task (through
+    /// `waker`) when one comes back, and the task pumps then.
+    starved: AtomicBool,
+    /// The engine task's wake, for the pool.
+    waker: OnceLock<std::task::Waker>,
+}
 
 fn epoch() -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -65,14 +70,24 @@ fn epoch() -> Instant {
 impl Attention {
     fn set(&self, at: Option<Instant>) {
         let nanos = at.map_or(0, |t| t.saturating_duration_since(epoch()).as_nanos().max(1) as u64);
-        self.0.store(nanos, Ordering::Relaxed);
+        self.due.store(nanos, Ordering::Relaxed);
     }
 
     pub(super) fn get(&self) -> Option<Instant> {
-        match self.0.load(Ordering::Relaxed) {
+        match self.due.load(Ordering::Relaxed) {
             0 => None,
             n => Some(epoch() + Duration::from_nanos(n)),
         }
+    }
+
+    /// Whether a payload waits for a pool buffer.
+    pub(super) fn starved(&self) -> bool {
+        self.starved.load(Ordering::Relaxed)
+    }
+
+    /// The engine task's wake (set once, at its first run).
+    pub(super) fn set_waker(&self, waker: std::task::Waker) {
+        let _ = self.waker.set(waker);
     }
 }
 
@@ -298,8 +313,12 @@ impl Reader {
     /// Return `pumped`, telling the engine when to pump again if a
     /// frame is part-way.
     fn idle_after(&mut self, pumped: Pumped) -> Pumped {
-        let due = if self.starved() {
-            Some(Instant::now() + POOL_RETRY)
+        let starved = self.starved();
+        self.attention.starved.store(starved, Ordering::Relaxed);
+        let due = if starved {
+            // The pool wakes the engine when a buffer comes back; this is
+            // when the wait fails.
+            self.starved_since.map(|t| t + POOL_PATIENCE)
         } else if self.mid_frame() {
             Some(self.stall_deadline().unwrap_or_else(|| Instant::now() + self.frame_timeout))
         } else {
@@ -313,6 +332,7 @@ impl Reader {
     fn stop(&mut self, driver: &Driver, stop: Stop) -> Pumped {
         self.done = true;
         self.attention.set(None);
+        self.attention.starved.store(false, Ordering::Relaxed);
         match stop {
             Stop::Failed(e) => {
                 tracing::debug!(peer = %driver.peer(), error = %e, "tcp reader stops");
@@ -357,12 +377,20 @@ impl Reader {
     fn payload(&mut self, driver: &Driver, until: Option<Instant>, p: &mut Pending) -> Result<(), Stop> {
         let len = p.header.len as usize;
         if p.buf.is_none() {
-            // Wait for a buffer only as long as the caller may.
-            let wait = until.map_or(Wait::No, |u| Wait::For(u.saturating_duration_since(Instant::now())));
-            match driver.pool().alloc(len, wait) {
+            // Wait for a buffer only as long as the caller may; a caller
+            // that may not (the engine) is woken by the pool instead.
+            let got = match (until, self.attention.waker.get()) {
+                (Some(u), _) => {
+                    driver.pool().alloc(len, Wait::For(u.saturating_duration_since(Instant::now())))
+                }
+                (None, Some(waker)) => driver.pool().alloc_or_wake(len, waker),
+                (None, None) => driver.pool().alloc(len, Wait::No),
+            };
+            match got {
                 Ok(b) => {
                     p.buf = Some(b);
                     self.starved_since = None;
+                    self.attention.starved.store(false, Ordering::Relaxed);
                 }
                 Err(e @ (PoolError::Exhausted { .. } | PoolError::Timeout { .. })) => {
                     let since = *self.starved_since.get_or_insert_with(Instant::now);

@@ -105,6 +105,7 @@ impl Task for ConnTask {
         if first {
             let wire = TcpWire::new(self.sock.clone(), self.peer_window);
             self.driver.attach(Box::new(wire), cx.waker());
+            self.attention.set_waker(cx.waker().to_std());
             self.attached = true;
         }
         let tick = cx.timer_due();
@@ -112,8 +113,10 @@ impl Task for ConnTask {
             let handed_back = cx.woken() && self.awaiting_handback;
             // At a tick, read even for a receiving thread that holds the
             // socket but is not in it now: heartbeats and a stalled frame
-            // are judged on what has arrived.
-            if tick || ((cx.readable() || handed_back) && !self.driver.reader_claimed()) {
+            // are judged on what has arrived. So when the pool wakes us
+            // for a payload waiting for a buffer.
+            let buffer_back = cx.woken() && self.attention.starved();
+            if tick || buffer_back || ((cx.readable() || handed_back) && !self.driver.reader_claimed()) {
                 self.pump();
             }
         }

@@ -22,15 +22,11 @@ use super::completion::on_completion;
 use super::{Io, POLL_BATCH};
 use crate::rc::rendezvous;
 use crate::rc::RcError;
+use crate::verbs::Woke;
 
 /// In event mode, how long a receiving thread spins on the CQ before it
 /// sleeps on the completion channel.
 const SPIN: Duration = Duration::from_micros(50);
-/// The longest single sleep on the completion channel while a rendezvous
-/// waits for a pool buffer (a buffer coming back announces nothing here).
-/// Otherwise a sleep lasts until its deadline: a completion, or the close
-/// that every failure and end of the connection comes to, wakes it.
-const STARVED_SLICE_MS: i32 = 20;
 
 /// The CQ as a [`Source`].
 pub(super) struct RcSource {
@@ -209,11 +205,25 @@ impl Source for RcSource {
             if !self.settled() {
                 continue;
             }
-            let most = if self.io.rendezvous.is_starved() { STARVED_SLICE_MS } else { i32::MAX };
-            let left = (until - now).as_millis().clamp(1, most as u128) as i32;
-            match self.io.cq.wait_or_closing(self.io.close_signal(), left) {
-                Ok(true) => self.armed = false,
-                Ok(false) => {}
+            // A sleep lasts until its deadline: a completion, the close that
+            // every failure and end of the connection comes to, or the poke
+            // of a pool buffer a rendezvous waits for wakes it. A starved
+            // rendezvous gives up at its own deadline.
+            let until = self.io.rendezvous.starved_until().map_or(until, |t| t.min(until));
+            let left = until.saturating_duration_since(now).as_millis().clamp(1, i32::MAX as u128) as i32;
+            // A thread waiting for credit is also woken by a local close,
+            // which nothing on the CQ announces (see `Driver::interrupt`).
+            let interrupt = driver.interrupt();
+            match self.io.cq.wait_or_closing(self.io.close_signal(), interrupt.as_ref().map(|i| i.fd()), left)
+            {
+                Ok(Woke::Event) => self.armed = false,
+                Ok(Woke::Interrupted) => {
+                    if let Some(i) = &interrupt {
+                        i.clear();
+                    }
+                    return Pumped::Idle;
+                }
+                Ok(Woke::Nothing) => {}
                 Err(e) => tracing::debug!(error = %e, "waiting for a completion event failed"),
             }
         }

@@ -33,8 +33,6 @@ const FLUSH_PATIENCE: Duration = Duration::from_secs(10);
 /// How often a closed connection looks for flushes, which may complete
 /// unannounced.
 const FLUSH_SLICE: Duration = Duration::from_millis(20);
-/// How often what waits for a pool buffer tries again.
-const POOL_RETRY: Duration = Duration::from_millis(5);
 /// How long a receive waits for a pool buffer before the connection fails.
 const POOL_PATIENCE: Duration = Duration::from_secs(5);
 
@@ -113,7 +111,7 @@ impl RcTask {
         }
         if self.owed == 0 {
             self.owed_since = None;
-        } else if self.owed_since.is_some_and(|t| now.duration_since(t) > POOL_PATIENCE) {
+        } else if self.owed_since.is_some_and(|t| now.duration_since(t) >= POOL_PATIENCE) {
             let err = self.io.pool_exhausted();
             self.fail(ConnError::transport(err));
         }
@@ -193,7 +191,11 @@ impl Task for RcTask {
         // polling, and frames in the send queue's backlog wait for the
         // completions that make room: the engine polls for them, whoever
         // claims the CQ (a receiving thread may be elsewhere for a while).
-        let waited_on = self.io.one_sided().outstanding() > 0 || self.io.is_backlogged();
+        // So does a rendezvous waiting for a pool buffer, when the pool
+        // wakes us.
+        let waited_on = self.io.one_sided().outstanding() > 0
+            || self.io.is_backlogged()
+            || self.io.rendezvous().is_starved();
         let claimed = self.driver.reader_claimed() && !waited_on;
         // The first pump arms the CQ: events come from then on.
         let look = first
@@ -244,10 +246,15 @@ impl Task for RcTask {
             Phase::Lingering(until) => Some(until),
             Phase::Draining(_) => Some(now + FLUSH_SLICE),
         };
-        // A rendezvous or a receive waiting for a pool buffer: a buffer
-        // coming back to the pool announces nothing here.
-        if self.owed > 0 || self.io.rendezvous().is_starved() {
-            timer = Some(timer.map_or(now + POOL_RETRY, |t| t.min(now + POOL_RETRY)));
+        // A receive or a rendezvous waiting for a pool buffer is woken by
+        // the pool when one comes back; at its deadline, it fails.
+        let patience = self
+            .owed_since
+            .map(|t| t + POOL_PATIENCE)
+            .into_iter()
+            .chain(self.io.rendezvous().starved_until());
+        if let Some(due) = patience.min() {
+            timer = Some(timer.map_or(due, |t| t.min(due)));
         }
         cx.set_timer(timer);
         Step::Continue

@@ -1,0 +1,135 @@
+//! Waking a connection's engine task: a wake for anything but the writer
+//! is never merged into a pending writer's wake. The engine is driven by
+//! hand (`Engine::detached`), so each interleaving is exact.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use zerocast_core::{ConnError, Endpoint, LinkConfig};
+use zerocast_mem::{Pool, PoolConfig};
+
+use crate::engine::{Cx, Engine, Pending, Progress, Step, Task};
+use crate::{hello_for, Driver, Frame, LinkSetup, Wire, WireCtx};
+
+/// A test double for a backend's send path: takes every frame.
+struct Sink;
+
+impl Wire for Sink {
+    fn write(&mut self, _frames: &mut [Frame], _ctx: &WireCtx<'_>) -> Result<(), ConnError> {
+        Ok(())
+    }
+}
+
+/// A test double for a backend's read path: nothing ever arrives.
+struct Quiet;
+
+impl crate::Source for Quiet {
+    fn pump(&mut self, _driver: &Driver, _until: Option<std::time::Instant>) -> crate::Pumped {
+        crate::Pumped::Idle
+    }
+}
+
+/// What a thread does to the connection while the task runs, between its
+/// look at the source (or reposts, or completions) and its writer's step:
+/// the moment a real backend's task is most exposed.
+type Meanwhile = Box<dyn FnMut(&Driver) + Send>;
+
+/// An engine task shaped like a backend's: look around, then the writer.
+struct Conn {
+    driver: Driver,
+    runs: Arc<AtomicUsize>,
+    meanwhile: Option<Meanwhile>,
+}
+
+impl Task for Conn {
+    fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
+    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
+        let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        if run == 1 {
+            self.driver.attach(Box::new(Sink), cx.waker());
+        } else if let Some(mut f) = self.meanwhile.take() {
+            f(&self.driver);
+        }
+        let _ = self.driver.drive_writer(false);
+        Step::Continue
+    }
+}
+
+fn driver() -> (crate::Link, Driver) {
+    let config = LinkConfig::default().with_recv_window(8);
+    let setup = LinkSetup {
+        config,
+        peer_hello: hello_for(&config, 4096),
+        pool: Pool::unregistered(PoolConfig::default()).unwrap(),
+        peer: Endpoint::parse("tcp://127.0.0.1:1").unwrap(),
+        repost: false,
+    };
+    let (link, driver, _) = crate::new(setup).unwrap();
+    (link, driver)
+}
+
+/// Run until nothing is pending; how many runs the task had in all.
+fn settle(progress: &mut Progress, runs: &AtomicUsize) -> usize {
+    for _ in 0..100 {
+        progress.progress();
+        if progress.arm() != Err(Pending) {
+            return runs.load(Ordering::SeqCst);
+        }
+    }
+    panic!("the engine never settled");
+}
+
+/// The task runs for its writer (frames were queued), and while it runs,
+/// past its look around and before its writer's step, `meanwhile` asks
+/// for another run: it gets one.
+fn a_wake_during_a_writers_run_is_kept(meanwhile: Meanwhile) {
+    let (engine, mut progress) = Engine::detached("wake-test").unwrap();
+    let (_link, d) = driver();
+    let runs = Arc::new(AtomicUsize::new(0));
+    engine.register(Box::new(Conn { driver: d.clone(), runs: runs.clone(), meanwhile: Some(meanwhile) }));
+    assert_eq!(settle(&mut progress, &runs), 1, "attached");
+    // Work for the writer: the task is woken for it.
+    d.shared.kick();
+    assert_eq!(settle(&mut progress, &runs), 3, "the writer's run, then the one asked for during it");
+}
+
+#[test]
+fn a_backend_wake_during_a_writers_run_is_kept() {
+    a_wake_during_a_writers_run_is_kept(Box::new(|d: &Driver| d.wake()));
+}
+
+#[test]
+fn a_handback_during_a_writers_run_is_kept() {
+    a_wake_during_a_writers_run_is_kept(Box::new(|d: &Driver| {
+        // The engine found the source taken; the thread that held it lets
+        // go now.
+        d.install_source(Box::new(Quiet));
+        d.shared.handback.store(true, Ordering::SeqCst);
+        let _ = d.pump_as(None, false, crate::source::Awaited::Nothing);
+    }));
+}
+
+#[test]
+fn an_unclaim_during_a_writers_run_is_kept() {
+    a_wake_during_a_writers_run_is_kept(Box::new(|d: &Driver| {
+        d.shared.claimed.store(true, Ordering::SeqCst);
+        d.shared.unclaim();
+    }));
+}
+
+/// Wakes for the writer alone are merged while its step is due.
+#[test]
+fn writer_wakes_are_merged_until_its_step() {
+    let (engine, mut progress) = Engine::detached("wake-test").unwrap();
+    let (_link, d) = driver();
+    let runs = Arc::new(AtomicUsize::new(0));
+    engine.register(Box::new(Conn { driver: d.clone(), runs: runs.clone(), meanwhile: None }));
+    assert_eq!(settle(&mut progress, &runs), 1);
+    for _ in 0..5 {
+        d.shared.kick();
+    }
+    assert_eq!(settle(&mut progress, &runs), 2, "one run for five kicks");
+}

@@ -82,13 +82,38 @@ fn an_idle_rc_connection_on_a_shared_receive_queue_does_not_wake() {
     check_at(&format!("rc://{}:0?srq=256", addr()), 2);
 }
 
+/// An idle `ud://` socket's rdma_cm thread sleeps, and so do two threads
+/// blocked in `recv_from` with no deadline: one in the completion
+/// channel's wait, the other waiting for its turn at the receive queue.
+/// A datagram each then wakes them.
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
 fn an_idle_ud_socket_does_not_wake() {
     let env =
         DatagramEnv { zc: Zerocast::with_config(Config::default()), host: addr(), backend: Backend::RdmaUd };
-    let (socket, n) =
-        idle::stays_asleep(|| env.bind(), Duration::from_millis(500), Duration::from_secs(2), 3);
-    assert!(n >= 1, "the rdma_cm thread");
-    drop(socket);
+    let open = || {
+        let socket = std::sync::Arc::new(env.bind());
+        let receivers: Vec<_> = (0..2)
+            .map(|i| {
+                let s = socket.clone();
+                std::thread::Builder::new()
+                    .name(format!("zerocast-test-ud-recv-{i}"))
+                    .spawn(move || s.recv_from(None).map(|(d, _)| d.to_vec()).expect("a datagram"))
+                    .expect("spawning a receiver")
+            })
+            .collect();
+        (socket, receivers)
+    };
+    let ((socket, receivers), n) =
+        idle::stays_asleep(open, Duration::from_millis(500), Duration::from_secs(2), 3);
+    assert!(n >= 3, "the rdma_cm thread and the two receivers: {n}");
+    let sender = env.bind();
+    for byte in [1u8, 2] {
+        let mut b = sender.alloc(1, None).expect("alloc");
+        b[0] = byte;
+        sender.send_to(b, &socket.local_addr()).map_err(|(_, e)| e).expect("send");
+    }
+    let mut got: Vec<Vec<u8>> = receivers.into_iter().map(|r| r.join().expect("receiver")).collect();
+    got.sort();
+    assert_eq!(got, [vec![1], vec![2]], "each receiver woke with a datagram");
 }

@@ -40,6 +40,7 @@ mod recv;
 mod repost;
 mod shared;
 mod source;
+mod turn;
 #[cfg(test)]
 mod wake_tests;
 mod wire;
@@ -53,6 +54,7 @@ pub use ready::Notify;
 pub use recv::{RecvBuf, ReleaseToken};
 pub use repost::{Repost, Reposted};
 pub use source::{Pumped, Source};
+pub use turn::{TurnGuard, TurnLock};
 pub use wire::{Wire, WireCtx, Writing};
 
 use std::sync::Arc;

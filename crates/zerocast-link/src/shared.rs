@@ -437,7 +437,7 @@ impl<T> std::fmt::Debug for Hook<T> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Instant;
 
     use zerocast_core::{ConnError, CreditError, Endpoint, FrameKind, Header, LinkConfig, RecvError};
@@ -447,7 +447,7 @@ mod tests {
 
     /// A stream link of `window` receive buffers, driven by hand: the
     /// test is its backend.
-    fn open(window: u32) -> (Link, Driver) {
+    pub(crate) fn open(window: u32) -> (Link, Driver) {
         let config = LinkConfig::default().with_recv_window(window);
         let setup = LinkSetup {
             config,

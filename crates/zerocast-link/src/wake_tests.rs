@@ -5,11 +5,10 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use zerocast_core::{ConnError, Endpoint, LinkConfig};
-use zerocast_mem::{Pool, PoolConfig};
+use zerocast_core::ConnError;
 
 use crate::engine::{Cx, Engine, Pending, Progress, Step, Task};
-use crate::{hello_for, Driver, Frame, LinkSetup, Wire, WireCtx};
+use crate::{Driver, Frame, Wire, WireCtx};
 
 /// A test double for a backend's send path: takes every frame.
 struct Sink;
@@ -59,16 +58,7 @@ impl Task for Conn {
 }
 
 fn driver() -> (crate::Link, Driver) {
-    let config = LinkConfig::default().with_recv_window(8);
-    let setup = LinkSetup {
-        config,
-        peer_hello: hello_for(&config, 4096),
-        pool: Pool::unregistered(PoolConfig::default()).unwrap(),
-        peer: Endpoint::parse("tcp://127.0.0.1:1").unwrap(),
-        repost: false,
-    };
-    let (link, driver, _) = crate::new(setup).unwrap();
-    (link, driver)
+    crate::shared::tests::open(8)
 }
 
 /// Run until nothing is pending; how many runs the task had in all.

@@ -156,6 +156,10 @@ impl Cx<'_> {
 pub struct Waker {
     inner: Arc<Inner>,
     token: u64,
+    /// The task's token is in the engine's batch of wake-ups and it has
+    /// not run for it yet: further wake-ups add nothing (so the batch
+    /// holds each task once, and never grows past the number of tasks).
+    queued: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for Waker {
@@ -168,6 +172,9 @@ impl Waker {
     /// Run the task soon on its engine's thread. Wake-ups before it runs
     /// are merged into one run.
     pub fn wake(&self) {
+        if self.queued.swap(true, Ordering::SeqCst) {
+            return;
+        }
         let mut woken = self.inner.lock_woken();
         woken.tokens.push(self.token);
         self.inner.signal(&mut woken);

@@ -2,6 +2,7 @@
 //! woken, then what is due.
 
 use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -185,6 +186,8 @@ impl Runner {
         for &token in &tokens {
             let turn = self.turn;
             let Some(slot) = self.slot_mut(token) else { continue };
+            // Before it runs: a wake-up from here on queues it again.
+            slot.waker.queued.store(false, Ordering::SeqCst);
             if slot.woken_turn == turn {
                 continue;
             }
@@ -204,7 +207,7 @@ impl Runner {
         self.generation = self.generation.wrapping_add(1);
         let entry = self.slots.vacant_entry();
         let token = (u64::from(self.generation) << 32) | entry.key() as u64;
-        let waker = Waker { inner: self.inner.clone(), token };
+        let waker = Waker { inner: self.inner.clone(), token, queued: Arc::default() };
         entry.insert(Slot {
             task,
             token,

@@ -90,10 +90,16 @@ fn progress_and_arm_follow_readiness_wakeups_and_timers() {
 
     // A wake-up from another thread, many times over: one run.
     let w = waker.lock().unwrap().clone().unwrap();
-    std::thread::spawn(move || (0..10).for_each(|_| w.wake())).join().unwrap();
+    let w2 = w.clone();
+    std::thread::spawn(move || (0..10).for_each(|_| w2.wake())).join().unwrap();
     assert_eq!(p.arm(), Err(Pending));
+    assert_eq!(w.inner.lock_woken().tokens.len(), 1, "the task is queued once");
     settle(&mut p);
     assert_eq!(seen.woken.load(Ordering::SeqCst), 2, "ten wake-ups, one run");
+    // Woken again once it ran: a wake-up after the run is not lost.
+    w.wake();
+    settle(&mut p);
+    assert_eq!(seen.woken.load(Ordering::SeqCst), 3, "a later wake-up, a later run");
 
     // The timer: arming fails once it is due.
     while Instant::now() < due {

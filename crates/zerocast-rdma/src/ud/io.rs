@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rdma_sys::{ibv_recv_wr, ibv_sge, ibv_wc, ibv_wc_flags, ibv_wc_status};
+use zerocast_link::TurnLock;
 use zerocast_mem::{Buf, Pool, Wait};
 
 mod tx;
@@ -109,8 +110,9 @@ pub(crate) struct Io {
     send_hdr: HeaderSlab,
     rx: Mutex<RxTable>,
     /// Receivers take turns polling the receive CQ, and share what a
-    /// poll took.
-    pub(super) rx_turn: Mutex<RxBatch>,
+    /// poll took; one waiting for its turn sleeps until it comes or its
+    /// deadline passes.
+    pub(super) rx_turn: TurnLock<RxBatch>,
     tx: Mutex<TxRing>,
     pub(super) pool: Pool,
     pub(super) pd: Arc<ProtectionDomain>,
@@ -162,7 +164,7 @@ impl Io {
                 slots: (0..sizes.recv_depth).map(|_| None).collect(),
                 free: (0..sizes.recv_depth as u32).rev().collect(),
             }),
-            rx_turn: Mutex::new(RxBatch::new()),
+            rx_turn: TurnLock::new(RxBatch::new()),
             tx: Mutex::new(TxRing::new(sizes.send_depth)),
             pool,
             pd: pd.clone(),

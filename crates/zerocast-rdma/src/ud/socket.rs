@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -495,20 +495,9 @@ impl UdSocket {
 
     fn recv(&self, mode: Mode) -> Result<(UdDatagram, SocketAddr), RecvError> {
         let failed = |e: UdError| RecvError::Failed(ConnError::transport(e));
-        let mut batch = loop {
-            match self.io.rx_turn.try_lock() {
-                Ok(g) => break g,
-                Err(TryLockError::Poisoned(p)) => break p.into_inner(),
-                Err(TryLockError::WouldBlock) => match mode {
-                    Mode::Try => return Err(RecvError::Empty),
-                    Mode::Block(d) => {
-                        if d.is_some_and(|d| Instant::now() >= d) {
-                            return Err(RecvError::Timeout);
-                        }
-                        std::thread::sleep(Duration::from_micros(200));
-                    }
-                },
-            }
+        let mut batch = match mode {
+            Mode::Try => self.io.rx_turn.try_lock().ok_or(RecvError::Empty)?,
+            Mode::Block(d) => self.io.rx_turn.lock(d).ok_or(RecvError::Timeout)?,
         };
         let mut armed = false;
         loop {
@@ -527,14 +516,17 @@ impl UdSocket {
                 armed = true;
                 continue;
             }
+            // Nothing else needs this thread: the socket cannot close
+            // while it receives (it is borrowed), so the wait lasts until a
+            // datagram or the deadline.
             let ms = match deadline {
-                None => 100,
+                None => -1,
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return Err(RecvError::Timeout);
                     }
-                    left.as_millis().clamp(1, 100) as i32
+                    left.as_millis().clamp(1, i32::MAX as u128) as i32
                 }
             };
             self.io.wait_recv(ms).map_err(failed)?;

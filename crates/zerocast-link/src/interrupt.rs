@@ -12,6 +12,12 @@
 //! of them sees the other. A ring that comes after the wait ended leaves
 //! the thread's next wait to return early once, which every caller of a
 //! pump handles (it looks again and pumps again).
+//!
+//! A backend may use the same eventfd for its own waits
+//! ([`Interrupt::this_thread`]): an RC connection registers the thread
+//! asleep on its completion channel and rings it when it closes or a pool
+//! buffer it waits for comes back, so the connection needs no descriptor
+//! of its own for that.
 
 use std::cell::{Cell, OnceCell};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -96,8 +102,10 @@ pub(crate) fn ring_credit_sleeper(shared: &Shared) {
 }
 
 /// What a source's wait watches beside its own descriptors, on a thread
-/// that waits for credit (see the module docs).
-#[derive(Debug)]
+/// that waits for credit (see the module docs). A backend may also ring
+/// it itself, for what it knows ends a wait (see
+/// [`Interrupt::this_thread`]).
+#[derive(Debug, Clone)]
 pub struct Interrupt(Arc<Sleeper>);
 
 impl Interrupt {
@@ -107,6 +115,23 @@ impl Interrupt {
             return None;
         }
         SLEEPER.with(|s| s.get().cloned().flatten()).map(Interrupt)
+    }
+
+    /// The calling thread's interrupt, made the first time (`None`: it
+    /// cannot have one; its waits must then look around on a timer). A
+    /// backend whose waiting thread must be woken by something its
+    /// descriptors do not announce (its connection closing, a pool
+    /// buffer coming back) registers it where that happens and rings it
+    /// ([`Interrupt::ring`]). The same descriptor serves a credit wait's
+    /// local close: a wait woken by a ring meant for an earlier one
+    /// returns early once, which every pump's caller handles.
+    pub fn this_thread() -> Option<Self> {
+        with_sleeper(|s| s.cloned()).map(Interrupt)
+    }
+
+    /// Wake the thread's wait on [`Interrupt::fd`] (or its next one).
+    pub fn ring(&self) {
+        self.0.ring();
     }
 
     /// The descriptor to watch for reading.

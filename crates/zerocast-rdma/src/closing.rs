@@ -1,11 +1,12 @@
-//! The signal that a connection or listener is closing, for the threads
-//! that sleep on its descriptors.
+//! The signal that a UD socket's rdma_cm side is closing, for the thread
+//! that sleeps on its event channel, and the eventfd helpers the SRQ's
+//! async event reader uses too.
 //!
-//! A receiving thread sleeps on its connection's completion channel, an
-//! accepting thread on its listener's event channel or socket. None of
-//! them wakes on a timer to look around. The one thing that reaches them
-//! otherwise is a close, and this is how: an `eventfd` that their waits
-//! include ([`poll_either`]). It stays readable once rung.
+//! That thread does not wake on a timer to look around. The one thing
+//! that reaches it otherwise is a close, and this is how: an `eventfd`
+//! that its wait includes ([`poll_either`]). It stays readable once rung.
+//! (A connection's receiving thread is woken through its own eventfd
+//! instead: see `rc::engine::Io::sleeping`.)
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -27,27 +28,6 @@ impl Closing {
     pub(crate) fn ring(&self) {
         if !self.rung.swap(true, Ordering::AcqRel) {
             signal(self.fd.as_raw_fd());
-        }
-    }
-
-    /// Wake the threads waiting on this signal without closing: the wait
-    /// that finds it readable clears it ([`Closing::clear_poke`]) and looks
-    /// around (a pool buffer came back, say).
-    pub(crate) fn poke(&self) {
-        if !self.is_rung() {
-            signal(self.fd.as_raw_fd());
-        }
-    }
-
-    /// After a wait found the signal readable: make it unreadable again,
-    /// unless it was rung (which stays).
-    pub(crate) fn clear_poke(&self) {
-        if !self.is_rung() {
-            drain(self.fd.as_raw_fd());
-            // A ring between the look and the drain is kept.
-            if self.is_rung() {
-                signal(self.fd.as_raw_fd());
-            }
         }
     }
 
@@ -93,25 +73,11 @@ pub(crate) fn drain(fd: RawFd) {
 /// most `ms` milliseconds (negative: no limit). Returns whether `fd` is
 /// readable.
 pub(crate) fn poll_either(fd: RawFd, other: RawFd, ms: libc::c_int) -> io::Result<bool> {
-    Ok(poll_any(fd, other, None, ms)?[0])
-}
-
-/// [`poll_either`], watching `extra` too when there is one (a waiting
-/// thread's interrupt). Returns which are readable: `fd`, `other`,
-/// `extra`.
-pub(crate) fn poll_any(
-    fd: RawFd,
-    other: RawFd,
-    extra: Option<RawFd>,
-    ms: libc::c_int,
-) -> io::Result<[bool; 3]> {
-    let pollin = |fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    let mut fds = [pollin(fd), pollin(other), pollin(extra.unwrap_or(-1))];
-    let n = if extra.is_some() { 3 } else { 2 };
-    if !crate::cm::poll_in(&mut fds[..n], ms)? {
-        return Ok([false; 3]);
-    }
-    Ok(fds.map(|f| f.revents != 0))
+    let mut fds = [
+        libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: other, events: libc::POLLIN, revents: 0 },
+    ];
+    Ok(crate::cm::poll_in(&mut fds, ms)? && fds[0].revents != 0)
 }
 
 #[cfg(test)]

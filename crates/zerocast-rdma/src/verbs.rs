@@ -23,14 +23,14 @@ use crate::error::errno_from_rc;
 use crate::mr::{Access, MemoryRegion};
 use crate::srq::Srq;
 
-/// What ended a [`Cq::wait_or_closing`].
+/// What ended a [`CompletionQueue::wait_or_interrupt`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Woke {
     /// A completion event, taken and acknowledged.
     Event,
     /// The waiting thread's interrupt is readable (not cleared here).
     Interrupted,
-    /// The close signal (or its poke), the deadline, or a signal.
+    /// The deadline, or a signal.
     Nothing,
 }
 
@@ -115,12 +115,11 @@ impl CompletionQueue {
         Ok(self.take_event())
     }
 
-    /// [`Self::wait`], also returning once `closing` is rung or poked
-    /// (with [`Woke::Nothing`], unless an event came too). With `interrupt` (a thread's [`zerocast_link::Interrupt`]), also
-    /// returning once that is readable: [`Woke::Interrupted`].
-    pub(crate) fn wait_or_closing(
+    /// [`Self::wait`], also returning once `interrupt` (the waiting
+    /// thread's [`zerocast_link::Interrupt`], rung by whatever else ends
+    /// the wait) is readable: [`Woke::Interrupted`], not cleared here.
+    pub(crate) fn wait_or_interrupt(
         &self,
-        closing: &crate::closing::Closing,
         interrupt: Option<std::os::fd::BorrowedFd<'_>>,
         ms: c_int,
     ) -> io::Result<Woke> {
@@ -128,15 +127,17 @@ impl CompletionQueue {
             std::thread::yield_now();
             return Ok(Woke::Nothing);
         };
-        let extra = interrupt.map(|i| std::os::fd::AsRawFd::as_raw_fd(&i));
-        let [event, poked, interrupted] = crate::closing::poll_any(fd, closing.fd(), extra, ms)?;
-        if poked {
-            closing.clear_poke();
+        let pollin = |fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let extra = interrupt.map_or(-1, |i| std::os::fd::AsRawFd::as_raw_fd(&i));
+        let mut fds = [pollin(fd), pollin(extra)];
+        let n = if interrupt.is_some() { 2 } else { 1 };
+        if !crate::cm::poll_in(&mut fds[..n], ms)? {
+            return Ok(Woke::Nothing);
         }
-        if event && self.take_event() {
+        if fds[0].revents != 0 && self.take_event() {
             return Ok(Woke::Event);
         }
-        Ok(if interrupted { Woke::Interrupted } else { Woke::Nothing })
+        Ok(if fds[1].revents != 0 { Woke::Interrupted } else { Woke::Nothing })
     }
 
     /// Take and acknowledge one pending completion event, if there is one.

@@ -29,10 +29,9 @@ use std::time::Duration;
 use rdma_sys::{ibv_recv_wr, ibv_sge};
 use zerocast_core::ConnError;
 use zerocast_link::engine::{Engine, Waker};
-use zerocast_link::{Driver, Repost, Reposted, Reposts};
+use zerocast_link::{Driver, Interrupt, Repost, Reposted, Reposts};
 use zerocast_mem::{Buf, Pool, Wait};
 
-use crate::closing::Closing;
 use crate::rc::budget::Reservation;
 use crate::rc::one_sided;
 use crate::rc::rendezvous::{self, Rendezvous};
@@ -101,10 +100,13 @@ pub(crate) struct Io {
     peer_disconnected: AtomicBool,
     /// Mirror of `RecvTable::closing`, readable without the lock.
     closing: AtomicBool,
-    /// Rung by [`Io::close`]: wakes the connection's sleeping threads.
-    close_signal: Closing,
-    /// Woken by the pool when a buffer comes back that a receive or a
-    /// rendezvous waits for (see [`Io::pool_waker`]).
+    /// The thread asleep on the completion channel, if one is: rung by
+    /// [`Io::close`] and by the pool's wake (see [`Io::sleeping`]). No
+    /// descriptor of the connection's own.
+    sleeper: Mutex<Option<Interrupt>>,
+    /// The pool woke the connection: a buffer came back that a receive or
+    /// a rendezvous waits for (see [`Io::pool_waker`]).
+    pool_poked: AtomicBool,
     pool_waker: std::task::Waker,
     /// Buffers the device may still own after the connection gave up on
     /// its flushes (a one-sided request's local buffer): kept here, so they
@@ -181,7 +183,6 @@ impl Io {
         let send_hdr = HeaderSlab::new(qp.pd(), sizes.send_depth).map_err(reg)?;
         let send_desc = HeaderSlab::new(qp.pd(), sizes.send_depth).map_err(reg)?;
         let rendezvous = Rendezvous::new(HeaderSlab::new(qp.pd(), 1).map_err(reg)?, posted);
-        let close_signal = Closing::new().map_err(|e| RcError::verbs("eventfd", e))?;
         let io = Arc::new_cyclic(|me| Self {
             qp,
             cq,
@@ -207,7 +208,8 @@ impl Io {
             ignore_credits,
             peer_disconnected: AtomicBool::new(false),
             closing: AtomicBool::new(false),
-            close_signal,
+            sleeper: Mutex::new(None),
+            pool_poked: AtomicBool::new(false),
             pool_waker: std::task::Waker::from(Arc::new(PoolWake(me.clone()))),
             abandoned: Mutex::new(Vec::new()),
             srq,
@@ -326,8 +328,8 @@ impl Io {
     }
 
     /// What to hand [`Pool::alloc_or_wake`] for a buffer this connection
-    /// waits for: the pool wakes the engine task and pokes a thread
-    /// sleeping on the CQ (either tries again), so no timer looks.
+    /// waits for: the pool wakes the engine task and a thread sleeping on
+    /// the CQ (either tries again), so no timer looks.
     pub(crate) fn pool_waker(&self) -> &std::task::Waker {
         &self.pool_waker
     }
@@ -359,7 +361,7 @@ impl Io {
             tracing::debug!(error = %e, "moving the QP to the error state failed");
         }
         self.one_sided.wake();
-        self.close_signal.ring();
+        self.ring_sleeper();
         self.wake_tasks();
     }
 
@@ -378,9 +380,26 @@ impl Io {
         self.closing.load(Ordering::Acquire)
     }
 
-    /// Rung when the connection starts closing (see [`Closing`]).
-    pub(crate) fn close_signal(&self) -> &Closing {
-        &self.close_signal
+    /// The calling thread is about to sleep on the completion channel,
+    /// watching `me` beside it: [`Io::close`] and the pool's wake ring it
+    /// until the guard drops. `false`: look again instead of sleeping (the
+    /// connection is closing, or the pool woke it since the last look).
+    /// Registered before the look, under the lock the ringers take, so
+    /// either the look sees what they did or they see the sleeper.
+    pub(crate) fn sleeping(&self, me: &Interrupt) -> Option<Sleeping<'_>> {
+        *lock(&self.sleeper) = Some(me.clone());
+        let guard = Sleeping(self);
+        if self.is_closing() || self.pool_poked.swap(false, Ordering::SeqCst) {
+            return None;
+        }
+        Some(guard)
+    }
+
+    /// Wake the thread asleep on the completion channel, if one is.
+    fn ring_sleeper(&self) {
+        if let Some(s) = lock(&self.sleeper).as_ref() {
+            s.ring();
+        }
     }
 
     /// Wake the engine task at the next completion of a send or of a
@@ -448,6 +467,15 @@ impl Io {
     }
 }
 
+/// A thread asleep on the completion channel (see [`Io::sleeping`]).
+pub(crate) struct Sleeping<'a>(&'a Io);
+
+impl Drop for Sleeping<'_> {
+    fn drop(&mut self) {
+        *lock(&self.0.sleeper) = None;
+    }
+}
+
 /// The pool's wake of a connection waiting for a buffer (see
 /// [`Io::pool_waker`]).
 struct PoolWake(Weak<Io>);
@@ -455,8 +483,9 @@ struct PoolWake(Weak<Io>);
 impl Wake for PoolWake {
     fn wake(self: Arc<Self>) {
         if let Some(io) = self.0.upgrade() {
+            io.pool_poked.store(true, Ordering::SeqCst);
+            io.ring_sleeper();
             io.wake_tasks();
-            io.close_signal.poke();
         }
     }
 }

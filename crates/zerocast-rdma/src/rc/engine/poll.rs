@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use rdma_sys::ibv_wc;
 use zerocast_core::ConnError;
-use zerocast_link::{Driver, Pumped, Source};
+use zerocast_link::{Driver, Interrupt, Pumped, Source};
 
 use super::completion::on_completion;
 use super::{Io, POLL_BATCH};
@@ -27,6 +27,9 @@ use crate::verbs::Woke;
 /// In event mode, how long a receiving thread spins on the CQ before it
 /// sleeps on the completion channel.
 const SPIN: Duration = Duration::from_micros(50);
+/// The longest sleep of a thread that could not make its eventfd (see
+/// [`Interrupt::this_thread`]): nothing else can wake it.
+const NO_INTERRUPT_MS: u128 = 100;
 
 /// The CQ as a [`Source`].
 pub(super) struct RcSource {
@@ -205,22 +208,28 @@ impl Source for RcSource {
             if !self.settled() {
                 continue;
             }
-            // A sleep lasts until its deadline: a completion, the close that
-            // every failure and end of the connection comes to, or the poke
-            // of a pool buffer a rendezvous waits for wakes it. A starved
-            // rendezvous gives up at its own deadline.
+            // A sleep lasts until its deadline: a completion wakes it, and
+            // the thread's interrupt, which the close that every failure
+            // and end of the connection comes to rings, and so do the pool
+            // when a buffer a rendezvous waits for comes back and a local
+            // close while the thread waits for credit (`Driver::interrupt`).
+            // A starved rendezvous gives up at its own deadline.
             let until = self.io.rendezvous.starved_until().map_or(until, |t| t.min(until));
+            let Some(me) = Interrupt::this_thread() else {
+                // No eventfd for this thread: look around now and then.
+                let left = until.saturating_duration_since(now).as_millis().clamp(1, NO_INTERRUPT_MS);
+                let _ =
+                    self.io.cq.wait_or_interrupt(None, left as i32).map(|w| self.armed &= w != Woke::Event);
+                continue;
+            };
+            let Some(_asleep) = self.io.sleeping(&me) else { continue };
             let left = until.saturating_duration_since(now).as_millis().clamp(1, i32::MAX as u128) as i32;
-            // A thread waiting for credit is also woken by a local close,
-            // which nothing on the CQ announces (see `Driver::interrupt`).
-            let interrupt = driver.interrupt();
-            match self.io.cq.wait_or_closing(self.io.close_signal(), interrupt.as_ref().map(|i| i.fd()), left)
-            {
+            match self.io.cq.wait_or_interrupt(Some(me.fd()), left) {
                 Ok(Woke::Event) => self.armed = false,
+                // Whoever rang it changed what this pump looks at: the
+                // caller looks again.
                 Ok(Woke::Interrupted) => {
-                    if let Some(i) = &interrupt {
-                        i.clear();
-                    }
+                    me.clear();
                     return Pumped::Idle;
                 }
                 Ok(Woke::Nothing) => {}

@@ -382,7 +382,7 @@ impl Io {
 
     /// The calling thread is about to sleep on the completion channel,
     /// watching `me` beside it: [`Io::close`] and the pool's wake ring it
-    /// until the guard drops. `false`: look again instead of sleeping (the
+    /// until the guard drops. `None`: look again instead of sleeping (the
     /// connection is closing, or the pool woke it since the last look).
     /// Registered before the look, under the lock the ringers take, so
     /// either the look sees what they did or they see the sleeper.

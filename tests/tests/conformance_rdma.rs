@@ -207,8 +207,9 @@ fn busy_poll_mode_integrity() {
     assert_rc_pool_drained(&t);
 }
 
-/// Integrity with the completion thread sleeping on a completion channel
-/// (`ibv_req_notify_cq` + `ibv_get_cq_event`), the default, named here.
+/// Integrity with receiving threads sleeping until a completion event
+/// (`ibv_req_notify_cq`, the engine's channel read with
+/// `ibv_get_cq_event`), the default, named here.
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
 fn completion_channel_mode_integrity() {

@@ -1,6 +1,6 @@
 //! Idle `rc://` and `rc+oob://` connections cost no thread of their own,
 //! and the engine that drives them sleeps (see `zerocast_tests::idle`): in
-//! `epoll_wait` on the completion channels and the rdma_cm event channels
+//! `epoll_wait` on its completion channel and the rdma_cm event channel
 //! (or the `rc+oob://` side channels), until something happens. So does
 //! an idle `ud://` socket's rdma_cm thread.
 //!
@@ -50,10 +50,10 @@ fn cfg_channel() -> Config {
 }
 
 /// In event mode, an application thread blocked in `recv` on an idle
-/// connection sleeps on the completion channel until something happens,
-/// and so does one blocked in `send` for credit a silent peer never
-/// returns: no timed slices. A local close ends that send (its thread's
-/// interrupt, which the completion-channel wait watches, is rung).
+/// connection sleeps until a completion event rings its eventfd or
+/// something else happens, and so does one blocked in `send` for credit a
+/// silent peer never returns: no timed slices. A local close ends that
+/// send (its thread's interrupt, on which it sleeps, is rung).
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
 fn threads_blocked_on_an_idle_rc_connection_do_not_wake() {

@@ -33,10 +33,11 @@ const SPEC: Spec = Spec {
         format!("rc://{addr}:0")
     },
     zerocast: || Zerocast::with_config(Config::default().with_rc(RcConfig::default().with_rnr_retry(0))),
-    // The completion channel alone: what ends a receiving thread's sleep
-    // on it besides a completion rings that thread's own eventfd, and
-    // rdma_cm events come through the transport's one event channel.
-    fds_per_conn: 1,
+    // None: completion events come through the engine's one completion
+    // channel, which rings a sleeping receiver's own eventfd (one per
+    // thread, not per connection), and rdma_cm events through the
+    // transport's one event channel.
+    fds_per_conn: 0,
     msg_len: |i| [64, 2_000, 20_000, 60_000][i % 4],
 };
 

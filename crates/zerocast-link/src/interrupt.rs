@@ -15,9 +15,10 @@
 //!
 //! A backend may use the same eventfd for its own waits
 //! ([`Interrupt::this_thread`]): an RC connection registers the thread
-//! asleep on its completion channel and rings it when it closes or a pool
-//! buffer it waits for comes back, so the connection needs no descriptor
-//! of its own for that.
+//! asleep until its CQ's next completion event, which its engine's
+//! completion channel reader rings, as do the connection's close and the
+//! pool when a buffer it waits for comes back, so the connection needs no
+//! descriptor of its own.
 
 use std::cell::{Cell, OnceCell};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

@@ -20,9 +20,10 @@
 //!   to posted receives (so RNR cannot happen), typed work-completion errors
 //!   ([`RcError`]), and caller-driven I/O: a sending thread posts its own
 //!   work request when the link is quiet, a receiving thread polls the CQ
-//!   itself (busy, or briefly and then asleep on a completion channel:
+//!   itself (busy, or briefly and then asleep until a completion event:
 //!   [`CompletionMode`]), and a released message's buffer is posted again
-//!   by the thread that drops it; background threads cover the rest.
+//!   by the thread that drops it; the engine covers the rest, its
+//!   connections' CQs on one completion channel.
 //!
 //! - **one-sided** ([`OneSided`] on [`RcConnection`]): `expose` a pool
 //!   buffer as a [`RemoteRegion`] (serde, so it travels in a typed message),
@@ -55,6 +56,7 @@
 
 mod closing;
 mod cm;
+mod cq;
 mod device;
 mod error;
 mod mr;

@@ -1,205 +1,26 @@
-//! Completion queues, queue pairs and registered header slabs.
+//! Queue pairs, address handles and registered header slabs.
 
 use std::fmt;
 use std::io;
-use std::mem::MaybeUninit;
 use std::os::raw::c_int;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
 use rdma_sys::{
-    ibv_ack_cq_events, ibv_comp_channel, ibv_cq, ibv_create_comp_channel, ibv_create_cq, ibv_create_qp,
-    ibv_destroy_comp_channel, ibv_destroy_cq, ibv_destroy_qp, ibv_get_cq_event, ibv_modify_qp, ibv_poll_cq,
-    ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_recv_wr,
-    ibv_req_notify_cq, ibv_send_wr, ibv_wc, rdma_create_qp, rdma_destroy_qp,
-};
-use rdma_sys::{
     ibv_ah, ibv_ah_attr, ibv_attach_mcast, ibv_create_ah, ibv_destroy_ah, ibv_detach_mcast, ibv_gid,
 };
+use rdma_sys::{
+    ibv_create_qp, ibv_destroy_qp, ibv_modify_qp, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr,
+    ibv_qp_state, ibv_qp_type, ibv_recv_wr, ibv_send_wr, ibv_wc, rdma_create_qp, rdma_destroy_qp,
+};
 
-use crate::cm::{poll_readable, set_nonblocking, CmId};
-use crate::device::{Context, ProtectionDomain};
+use crate::cm::CmId;
+use crate::device::ProtectionDomain;
 use crate::error::errno_from_rc;
 use crate::mr::{Access, MemoryRegion};
 use crate::srq::Srq;
 
-/// What ended a [`CompletionQueue::wait_or_interrupt`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Woke {
-    /// A completion event, taken and acknowledged.
-    Event,
-    /// The waiting thread's interrupt is readable (not cleared here).
-    Interrupted,
-    /// The deadline, or a signal.
-    Nothing,
-}
-
-/// A completion queue, optionally with its own completion channel.
-pub(crate) struct CompletionQueue {
-    raw: NonNull<ibv_cq>,
-    channel: Option<NonNull<ibv_comp_channel>>,
-    depth: usize,
-    _ctx: Arc<Context>,
-}
-
-// SAFETY: CQ verbs are thread-safe; a connection's CQ is polled, armed and
-// waited on by one thread at a time (whichever holds its completion source).
-unsafe impl Send for CompletionQueue {}
-// SAFETY: as above.
-unsafe impl Sync for CompletionQueue {}
-
-impl CompletionQueue {
-    /// A CQ of at least `depth` entries; with `channel`, completion events
-    /// can be waited for on a file descriptor.
-    pub(crate) fn new(ctx: &Arc<Context>, depth: usize, channel: bool) -> io::Result<Arc<Self>> {
-        let ch = if channel {
-            // SAFETY: open context.
-            let ch = unsafe { ibv_create_comp_channel(ctx.as_ptr()) };
-            let ch = NonNull::new(ch).ok_or_else(io::Error::last_os_error)?;
-            // SAFETY: live channel.
-            set_nonblocking(unsafe { (*ch.as_ptr()).fd })?;
-            Some(ch)
-        } else {
-            None
-        };
-        let cqe = c_int::try_from(depth).unwrap_or(c_int::MAX);
-        let chp = ch.map_or(ptr::null_mut(), NonNull::as_ptr);
-        // SAFETY: open context; `chp` is null or a live channel of it.
-        let raw = unsafe { ibv_create_cq(ctx.as_ptr(), cqe, ptr::null_mut(), chp, 0) };
-        let Some(raw) = NonNull::new(raw) else {
-            let err = io::Error::last_os_error();
-            if let Some(ch) = ch {
-                // SAFETY: the channel has no CQ; destroyed once.
-                unsafe { ibv_destroy_comp_channel(ch.as_ptr()) };
-            }
-            return Err(err);
-        };
-        Ok(Arc::new(Self { raw, channel: ch, depth, _ctx: ctx.clone() }))
-    }
-
-    pub(crate) fn as_ptr(&self) -> *mut ibv_cq {
-        self.raw.as_ptr()
-    }
-
-    /// Poll up to `wcs.len()` completions; returns how many were written.
-    pub(crate) fn poll(&self, wcs: &mut [MaybeUninit<ibv_wc>]) -> io::Result<usize> {
-        let n = c_int::try_from(wcs.len()).unwrap_or(c_int::MAX);
-        // SAFETY: live CQ; `wcs` has room for `n` entries.
-        let rc = unsafe { ibv_poll_cq(self.as_ptr(), n, wcs.as_mut_ptr().cast()) };
-        if rc < 0 {
-            return Err(errno_from_rc(rc));
-        }
-        Ok(rc as usize)
-    }
-
-    /// Ask for an event on the next completion (channel mode).
-    pub(crate) fn arm(&self) -> io::Result<()> {
-        // SAFETY: live CQ.
-        let rc = unsafe { ibv_req_notify_cq(self.as_ptr(), 0) };
-        if rc != 0 {
-            return Err(errno_from_rc(rc));
-        }
-        Ok(())
-    }
-
-    /// Wait up to `ms` for a completion event and acknowledge it. Returns
-    /// whether one came. Without a channel, yields the CPU once instead.
-    pub(crate) fn wait(&self, ms: c_int) -> io::Result<bool> {
-        if self.channel.is_none() {
-            std::thread::yield_now();
-            return Ok(false);
-        }
-        if !self.readable(ms)? {
-            return Ok(false);
-        }
-        Ok(self.take_event())
-    }
-
-    /// [`Self::wait`], also returning once `interrupt` (the waiting
-    /// thread's [`zerocast_link::Interrupt`], rung by whatever else ends
-    /// the wait) is readable: [`Woke::Interrupted`], not cleared here.
-    pub(crate) fn wait_or_interrupt(
-        &self,
-        interrupt: Option<std::os::fd::BorrowedFd<'_>>,
-        ms: c_int,
-    ) -> io::Result<Woke> {
-        let Some(fd) = self.channel_fd() else {
-            std::thread::yield_now();
-            return Ok(Woke::Nothing);
-        };
-        let pollin = |fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        let extra = interrupt.map_or(-1, |i| std::os::fd::AsRawFd::as_raw_fd(&i));
-        let mut fds = [pollin(fd), pollin(extra)];
-        let n = if interrupt.is_some() { 2 } else { 1 };
-        if !crate::cm::poll_in(&mut fds[..n], ms)? {
-            return Ok(Woke::Nothing);
-        }
-        if fds[0].revents != 0 && self.take_event() {
-            return Ok(Woke::Event);
-        }
-        Ok(if fds[1].revents != 0 { Woke::Interrupted } else { Woke::Nothing })
-    }
-
-    /// Take and acknowledge one pending completion event, if there is one.
-    fn take_event(&self) -> bool {
-        let Some(ch) = self.channel else { return false };
-        let mut cq: *mut ibv_cq = ptr::null_mut();
-        let mut ctx = ptr::null_mut();
-        // SAFETY: live channel, valid out-pointers; the fd is non-blocking.
-        let rc = unsafe { ibv_get_cq_event(ch.as_ptr(), &mut cq, &mut ctx) };
-        if rc != 0 {
-            return false;
-        }
-        // SAFETY: `cq` is this CQ (the only one on the channel); ack the one event.
-        unsafe { ibv_ack_cq_events(cq, 1) };
-        true
-    }
-
-    /// Whether a completion event is waiting on the channel, waiting up to
-    /// `ms` for one, without taking it (that is [`Self::wait`]'s job).
-    /// Without a channel: `false` at once.
-    pub(crate) fn readable(&self, ms: c_int) -> io::Result<bool> {
-        let Some(fd) = self.channel_fd() else { return Ok(false) };
-        poll_readable(fd, ms)
-    }
-
-    /// The completion channel, for an engine to wait on (readable while a
-    /// completion event is pending).
-    pub(crate) fn channel(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        // SAFETY: the channel's descriptor stays open as long as `self`.
-        self.channel_fd().map(|fd| unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
-    }
-
-    /// The completion channel's descriptor, if there is a channel.
-    fn channel_fd(&self) -> Option<c_int> {
-        // SAFETY: the channel lives as long as `self`.
-        self.channel.map(|ch| unsafe { (*ch.as_ptr()).fd })
-    }
-}
-
-impl Drop for CompletionQueue {
-    fn drop(&mut self) {
-        // SAFETY: every QP on this CQ holds an `Arc` of it, so none is left;
-        // every event was acked in `wait`.
-        let rc = unsafe { ibv_destroy_cq(self.raw.as_ptr()) };
-        if rc != 0 {
-            tracing::warn!(error = %errno_from_rc(rc), "ibv_destroy_cq failed");
-        }
-        if let Some(ch) = self.channel {
-            // SAFETY: its only CQ was destroyed just above.
-            unsafe { ibv_destroy_comp_channel(ch.as_ptr()) };
-        }
-    }
-}
-
-impl fmt::Debug for CompletionQueue {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CompletionQueue")
-            .field("depth", &self.depth)
-            .field("channel", &self.channel.is_some())
-            .finish()
-    }
-}
+pub(crate) use crate::cq::CompletionQueue;
 
 /// Queue sizes of an RC queue pair.
 #[derive(Debug, Clone, Copy)]
@@ -285,7 +106,7 @@ fn inline_granted(pd: &ProtectionDomain, cq: &CompletionQueue, want: u32) -> Opt
 /// Find the device's inline limit by bisection over probe QPs (a dozen
 /// QP creations), and what a request of `want` bytes is granted.
 pub(crate) fn probe_inline(pd: &Arc<ProtectionDomain>, want: u32) -> io::Result<InlineProbe> {
-    let cq = CompletionQueue::new(pd.context(), 4, false)?;
+    let cq = CompletionQueue::new::<()>(pd.context(), 4, None, None)?;
     let (mut lo, mut hi) = (0u32, INLINE_PROBE_MAX);
     if inline_granted(pd, &cq, 0).is_none() {
         return Err(io::Error::last_os_error());

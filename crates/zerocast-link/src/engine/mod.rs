@@ -362,8 +362,18 @@ impl Engines {
 
     /// The engine the next piece of work goes to.
     pub fn pick(&self) -> &Engine {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.all.len();
-        &self.all[i]
+        self.get(self.pick_index())
+    }
+
+    /// The index of the engine the next piece of work goes to, for work
+    /// that must know which engine it is on (see [`Engines::get`]).
+    pub fn pick_index(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.all.len()
+    }
+
+    /// The engine of index `i` (modulo their number).
+    pub fn get(&self, i: usize) -> &Engine {
+        &self.all[i % self.all.len()]
     }
 
     /// How many engines there are (threads they run).

@@ -116,10 +116,10 @@ fn prepare(
     (sizes, receives): (Sizes, Receives),
 ) -> Result<Arc<Io>, ConnectError> {
     let shared = receives.srq();
-    let cq = t.cq(&sizes).map_err(transport_err)?;
+    let (cq, notify) = t.cq(&sizes).map_err(transport_err)?;
     let qp = QueuePair::create_cm(id, &t.inner.pd, &cq, t.caps(&sizes, shared.as_ref()))
         .map_err(|e| transport_err(RcError::verbs("rdma_create_qp", e)))?;
-    t.new_io(qp, cq, sizes, receives).map_err(transport_err)
+    t.new_io(qp, (cq, notify), sizes, receives).map_err(transport_err)
 }
 
 /// Private data of a rejection for want of receives: the listener's
@@ -185,9 +185,8 @@ pub(super) fn connect(
         }
     }
     let hello = peer_hello(&e.private_data, ep)?;
-    let engine = t.inner.engines.pick();
-    let (conn, driver) = t.finish(engine, io.clone(), link, hello, ep.clone())?;
-    engine.register(Box::new(Watch::new(route, io, driver)));
+    let (conn, driver) = t.finish(io.clone(), link, hello, ep.clone())?;
+    t.engine_of(&io).register(Box::new(Watch::new(route, io, driver)));
     Ok(conn)
 }
 
@@ -337,8 +336,7 @@ impl Handshake {
 
     fn established(&mut self, route: RouteGuard) -> Step {
         let t = &self.shared.transport;
-        let engine = t.inner.engines.pick();
-        match t.finish(engine, self.io.clone(), self.shared.link, self.hello, self.peer.clone()) {
+        match t.finish(self.io.clone(), self.shared.link, self.hello, self.peer.clone()) {
             Ok((conn, driver)) => {
                 self.shared.deliver(conn);
                 Step::Replace(Box::new(Watch::new(route, self.io.clone(), driver)))

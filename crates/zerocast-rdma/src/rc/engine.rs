@@ -33,6 +33,7 @@ use zerocast_link::{Driver, Interrupt, Repost, Reposted, Reposts};
 use zerocast_mem::{Buf, Pool, Wait};
 
 use crate::rc::budget::Reservation;
+use crate::rc::comp_hub::Notify;
 use crate::rc::one_sided;
 use crate::rc::rendezvous::{self, Rendezvous};
 use crate::rc::srq;
@@ -67,6 +68,9 @@ use send::SendTable;
 pub(crate) struct Io {
     qp: QueuePair,
     cq: Arc<CompletionQueue>,
+    /// What the CQ's completion events reach, on the engine's channel (see
+    /// `comp_hub`): its armed mark, the engine task and a sleeping thread.
+    notify: Arc<Notify>,
     /// Large messages in both directions (see `rendezvous`).
     rendezvous: Rendezvous,
     /// Per send slot: the header of a frame that is not data (data frames
@@ -100,10 +104,6 @@ pub(crate) struct Io {
     peer_disconnected: AtomicBool,
     /// Mirror of `RecvTable::closing`, readable without the lock.
     closing: AtomicBool,
-    /// The thread asleep on the completion channel, if one is: rung by
-    /// [`Io::close`] and by the pool's wake (see [`Io::sleeping`]). No
-    /// descriptor of the connection's own.
-    sleeper: Mutex<Option<Interrupt>>,
     /// The pool woke the connection: a buffer came back that a receive or
     /// a rendezvous waits for (see [`Io::pool_waker`]).
     pool_poked: AtomicBool,
@@ -167,7 +167,7 @@ impl Io {
     /// before connecting.
     pub(crate) fn new(
         qp: QueuePair,
-        cq: Arc<CompletionQueue>,
+        (cq, notify): (Arc<CompletionQueue>, Arc<Notify>),
         pool: Pool,
         sizes: Sizes,
         busy_poll: bool,
@@ -186,6 +186,7 @@ impl Io {
         let io = Arc::new_cyclic(|me| Self {
             qp,
             cq,
+            notify,
             rendezvous,
             send_hdr,
             send_desc,
@@ -208,7 +209,6 @@ impl Io {
             ignore_credits,
             peer_disconnected: AtomicBool::new(false),
             closing: AtomicBool::new(false),
-            sleeper: Mutex::new(None),
             pool_poked: AtomicBool::new(false),
             pool_waker: std::task::Waker::from(Arc::new(PoolWake(me.clone()))),
             abandoned: Mutex::new(Vec::new()),
@@ -229,6 +229,10 @@ impl Io {
 
     pub(crate) fn qp(&self) -> &QueuePair {
         &self.qp
+    }
+
+    pub(crate) fn notify(&self) -> &Notify {
+        &self.notify
     }
 
     /// The credit window this side announced.
@@ -380,26 +384,25 @@ impl Io {
         self.closing.load(Ordering::Acquire)
     }
 
-    /// The calling thread is about to sleep on the completion channel,
-    /// watching `me` beside it: [`Io::close`] and the pool's wake ring it
-    /// until the guard drops. `None`: look again instead of sleeping (the
+    /// The calling thread is about to sleep on `me` until the CQ's next
+    /// completion event: the channel's reader, [`Io::close`] and the
+    /// pool's wake ring it until the guard drops. `None`: look again
+    /// instead of sleeping (an event came since the CQ was armed, the
     /// connection is closing, or the pool woke it since the last look).
     /// Registered before the look, under the lock the ringers take, so
     /// either the look sees what they did or they see the sleeper.
     pub(crate) fn sleeping(&self, me: &Interrupt) -> Option<Sleeping<'_>> {
-        *lock(&self.sleeper) = Some(me.clone());
+        self.notify.set_sleeper(Some(me.clone()));
         let guard = Sleeping(self);
-        if self.is_closing() || self.pool_poked.swap(false, Ordering::SeqCst) {
+        if !self.notify.is_armed() || self.is_closing() || self.pool_poked.swap(false, Ordering::SeqCst) {
             return None;
         }
         Some(guard)
     }
 
-    /// Wake the thread asleep on the completion channel, if one is.
+    /// Wake the thread asleep until the next completion event, if one is.
     fn ring_sleeper(&self) {
-        if let Some(s) = lock(&self.sleeper).as_ref() {
-            s.ring();
-        }
+        self.notify.ring_sleeper();
     }
 
     /// Wake the engine task at the next completion of a send or of a
@@ -467,12 +470,12 @@ impl Io {
     }
 }
 
-/// A thread asleep on the completion channel (see [`Io::sleeping`]).
+/// A thread asleep until the next completion event (see [`Io::sleeping`]).
 pub(crate) struct Sleeping<'a>(&'a Io);
 
 impl Drop for Sleeping<'_> {
     fn drop(&mut self) {
-        *lock(&self.0.sleeper) = None;
+        self.0.notify.set_sleeper(None);
     }
 }
 

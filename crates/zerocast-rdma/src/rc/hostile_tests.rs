@@ -74,7 +74,7 @@ impl Attacker {
         let mut sock = TcpStream::connect((addr().as_str(), port)).expect("side channel");
         let ep = Endpoint::parse(&format!("rc+oob://{}:0", addr())).expect("endpoint");
         let local = local_port(t, &ep).expect("local port");
-        let cq = CompletionQueue::new(t.inner.pd.context(), 64, false).expect("CQ");
+        let cq = CompletionQueue::new::<()>(t.inner.pd.context(), 64, None, None).expect("CQ");
         let caps = QpCaps { send_wr: 16, recv_wr: POSTED as u32, max_inline: 0, srq: None };
         let qp = QueuePair::create(&t.inner.pd, &cq, caps).expect("QP");
         to_init(&qp, local.qp_port).expect("INIT");

@@ -20,6 +20,7 @@
 mod budget;
 mod cm_hub;
 mod cm_path;
+mod comp_hub;
 mod engine;
 mod error;
 #[cfg(test)]
@@ -64,6 +65,7 @@ use crate::srq::{AsyncEvents, Srq};
 use crate::verbs::{CompletionQueue, QpCaps};
 use budget::{RecvBudget, Shape};
 use cm_hub::CmHub;
+use comp_hub::{CompHub, Notify};
 use engine::{Io, Receives, Sizes};
 use srq::{Member, SharedRecv, SrqSizes};
 
@@ -80,16 +82,17 @@ impl Flavor for Rc {
 pub type RcConnection = zerocast_link::Connection<Rc>;
 
 /// How a receiving thread waits for completions. The engine, which polls
-/// while no application thread does, sleeps on the CQ's completion
-/// channel in either mode.
+/// while no application thread does, sleeps on its completion channel (one
+/// for the CQs of all its connections) in either mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CompletionMode {
     /// Spin on the CQ (lowest latency: a receiving thread spins until its
     /// message or its deadline, the way `ib_send_lat` does).
     BusyPoll,
-    /// Spin briefly, then sleep on the completion channel
-    /// (`ibv_get_cq_event`).
+    /// Spin briefly, then sleep until the CQ's next completion event
+    /// (`ibv_req_notify_cq`; the engine reads the channel and wakes the
+    /// thread).
     Channel,
 }
 
@@ -376,6 +379,9 @@ struct Inner {
     /// The rdma_cm event channel of every `rc://` connection, made for
     /// the first.
     cm_hub: Mutex<Option<Arc<CmHub>>>,
+    /// Per engine, the completion channel of its connections' CQs, made
+    /// for the first.
+    comp_hubs: Mutex<Vec<Option<Arc<CompHub>>>>,
 }
 
 impl Inner {
@@ -390,11 +396,29 @@ impl Inner {
         *hub = Some(h.clone());
         Ok(h)
     }
+
+    /// The completion channel of the next connection's engine (see
+    /// `comp_hub`).
+    fn comp_hub(&self) -> Result<Arc<CompHub>, RcError> {
+        let i = self.engines.pick_index();
+        let mut hubs = self.comp_hubs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(Some(h)) = hubs.get(i) {
+            return Ok(h.clone());
+        }
+        let h = CompHub::start(self.pd.context(), self.engines.get(i), i)
+            .map_err(|e| RcError::verbs("ibv_create_comp_channel", e))?;
+        hubs.resize(self.engines.len(), None);
+        hubs[i] = Some(h.clone());
+        Ok(h)
+    }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         if let Some(hub) = self.cm_hub.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+            hub.retire();
+        }
+        for hub in self.comp_hubs.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..).flatten() {
             hub.retire();
         }
     }
@@ -451,8 +475,9 @@ impl RcTransport {
         let events =
             AsyncEvents::new(device.context()).map_err(|e| transport_err(RcError::verbs("eventfd", e)))?;
         let recv_budget = RecvBudget::new(cfg.recv_memory.unwrap_or(pool.config().max_bytes / 4 * 3));
-        let cm_hub = Mutex::new(None);
-        Ok(Self { inner: Arc::new(Inner { engines, device, pd, pool, cfg, events, recv_budget, cm_hub }) })
+        let (cm_hub, comp_hubs) = (Mutex::new(None), Mutex::new(Vec::new()));
+        let inner = Inner { engines, device, pd, pool, cfg, events, recv_budget, cm_hub, comp_hubs };
+        Ok(Self { inner: Arc::new(inner) })
     }
 
     /// The registered pool every connection of this transport uses.
@@ -540,15 +565,19 @@ impl RcTransport {
         zerocast_link::hello_for(&link.with_recv_window(io.recv_window() as u32), io.buf_size())
     }
 
-    fn cq(&self, sizes: &Sizes) -> Result<Arc<CompletionQueue>, RcError> {
+    /// A connection's CQ, on the completion channel of the engine it will
+    /// run on, and what its events reach.
+    fn cq(&self, sizes: &Sizes) -> Result<(Arc<CompletionQueue>, Arc<Notify>), RcError> {
         // Every slot of both tables is at most one completion: no overrun.
         let depth = sizes.posted_receives()
             + sizes.send_depth
             + one_sided::ONE_SIDED_SLOTS
             + rendezvous::SQ_EXTRA
             + 1;
-        // With a channel in either mode: the engine sleeps on it.
-        CompletionQueue::new(self.inner.pd.context(), depth, true)
+        // On a channel in either mode: the engine sleeps on it.
+        self.inner
+            .comp_hub()?
+            .cq(self.inner.pd.context(), depth)
             .map_err(|e| RcError::verbs("ibv_create_cq", e))
     }
 
@@ -587,7 +616,7 @@ impl RcTransport {
     fn new_io(
         &self,
         qp: crate::verbs::QueuePair,
-        cq: Arc<CompletionQueue>,
+        (cq, notify): (Arc<CompletionQueue>, Arc<Notify>),
         sizes: Sizes,
         receives: Receives,
     ) -> Result<Arc<Io>, RcError> {
@@ -598,7 +627,7 @@ impl RcTransport {
         };
         Io::new(
             qp,
-            cq,
+            (cq, notify),
             self.inner.pool.clone(),
             sizes,
             cfg.completion == CompletionMode::BusyPoll,
@@ -607,12 +636,17 @@ impl RcTransport {
         )
     }
 
+    /// The engine `io`'s connection runs on: the one whose completion
+    /// channel announces its CQ.
+    fn engine_of(&self, io: &Io) -> &Engine {
+        self.inner.engines.get(io.notify().engine())
+    }
+
     /// Build the connection on an established QP: the link, driven from
-    /// `engine` by the connection's task. Its driver is for the watch the
-    /// caller starts on the rdma_cm events or the side channel.
+    /// its engine by the connection's task. Its driver is for the watch
+    /// the caller starts on the rdma_cm events or the side channel.
     fn finish(
         &self,
-        engine: &Engine,
         io: Arc<Io>,
         link: LinkConfig,
         peer_hello: Hello,
@@ -637,7 +671,7 @@ impl RcTransport {
         let Some(reposts) = reposts else {
             return Err(handshake(ConnError::Unsupported("link without reposts")));
         };
-        engine::register(engine, &io, driver.clone(), reposts, peer_hello.window);
+        engine::register(self.engine_of(&io), &io, driver.clone(), reposts, peer_hello.window);
         tracing::debug!(%peer, window = link.recv_window, peer_window = peer_hello.window, "rc connection up");
         Ok((RcConnection::new(link_half, Resources(io)), driver))
     }

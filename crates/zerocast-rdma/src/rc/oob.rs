@@ -239,12 +239,12 @@ impl Ours {
     ) -> Result<Self, ConnectError> {
         let local = local_port(t, ep).map_err(transport_err)?;
         let shared = receives.srq();
-        let cq = t.cq(&sizes).map_err(transport_err)?;
+        let (cq, notify) = t.cq(&sizes).map_err(transport_err)?;
         let qp = QueuePair::create(&t.inner.pd, &cq, t.caps(&sizes, shared.as_ref()))
             .map_err(|e| transport_err(RcError::verbs("ibv_create_qp", e)))?;
         to_init(&qp, local.qp_port).map_err(transport_err)?;
         let qpn = qp.qp_num();
-        let io = t.new_io(qp, cq, sizes, receives).map_err(transport_err)?;
+        let io = t.new_io(qp, (cq, notify), sizes, receives).map_err(transport_err)?;
         let psn = random_psn();
         let info =
             OobInfo { hello: t.hello(link, &io), qpn, psn, lid: local.lid, gid: local.gid, rkey: 0, addr: 0 };
@@ -307,10 +307,9 @@ fn establish(
         return Err(handshake(ConnError::Handshake(zerocast_core::HandshakeError::NotHello)));
     }
     tracing::debug!(%peer, qpn = ours.info.qpn, peer_qpn = theirs.qpn, gid_index = ours.local.gid_index, "rc+oob QP in RTS");
-    let engine = t.inner.engines.pick();
-    let (conn, _) = t.finish(engine, Arc::clone(&ours.io), link, theirs.hello, peer.clone())?;
+    let (conn, _) = t.finish(Arc::clone(&ours.io), link, theirs.hello, peer.clone())?;
     sock.set_nonblocking(true).map_err(io_err)?;
-    engine.register(Box::new(watch(Arc::new(sock), ours.io)));
+    t.engine_of(&ours.io).register(Box::new(watch(Arc::new(sock), ours.io)));
     Ok(conn)
 }
 

@@ -257,9 +257,7 @@ impl Handshake {
     fn up(&mut self, ours: Ours, theirs: OobInfo) -> Result<Next, ConnectError> {
         let t = &self.shared.transport;
         tracing::debug!(peer = %self.peer, qpn = ours.info.qpn, peer_qpn = theirs.qpn, "rc+oob QP in RTS");
-        let engine = t.inner.engines.pick();
-        let (conn, _) =
-            t.finish(engine, ours.io.clone(), self.shared.link, theirs.hello, self.peer.clone())?;
+        let (conn, _) = t.finish(ours.io.clone(), self.shared.link, theirs.hello, self.peer.clone())?;
         self.shared.deliver(conn);
         Ok(Next::Up(Box::new(watch(self.sock.clone(), ours.io))))
     }

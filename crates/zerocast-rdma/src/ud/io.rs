@@ -141,9 +141,9 @@ impl Io {
         sizes: Sizes,
     ) -> Result<Arc<Self>, UdError> {
         let ctx = pd.context();
-        let send_cq = CompletionQueue::new(ctx, sizes.send_depth, false)
+        let send_cq = CompletionQueue::new::<()>(ctx, sizes.send_depth, None, None)
             .map_err(|e| UdError::verbs("ibv_create_cq", e))?;
-        let recv_cq = CompletionQueue::new(ctx, sizes.recv_depth, true)
+        let recv_cq = CompletionQueue::with_own_channel(ctx, sizes.recv_depth)
             .map_err(|e| UdError::verbs("ibv_create_cq", e))?;
         let caps = crate::verbs::QpCaps {
             send_wr: sizes.send_depth as u32,

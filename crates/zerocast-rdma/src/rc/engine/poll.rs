@@ -9,6 +9,7 @@
 //! goodbyes and rendezvous READs of a busy application still move.
 
 use std::mem::MaybeUninit;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread;
@@ -20,27 +21,25 @@ use zerocast_link::{Driver, Interrupt, Pumped, Source};
 
 use super::completion::on_completion;
 use super::{Io, POLL_BATCH};
+use crate::cm::poll_readable;
 use crate::rc::rendezvous;
 use crate::rc::RcError;
-use crate::verbs::Woke;
 
 /// In event mode, how long a receiving thread spins on the CQ before it
-/// sleeps on the completion channel.
+/// sleeps until the CQ's next completion event.
 const SPIN: Duration = Duration::from_micros(50);
 /// The longest sleep of a thread that could not make its eventfd (see
-/// [`Interrupt::this_thread`]): nothing else can wake it.
-const NO_INTERRUPT_MS: u128 = 100;
+/// [`Interrupt::this_thread`]): nothing can wake it, so it looks again.
+const NO_INTERRUPT_SLICE: Duration = Duration::from_millis(10);
 
 /// The CQ as a [`Source`].
 pub(super) struct RcSource {
     io: Arc<Io>,
     wcs: [MaybeUninit<ibv_wc>; POLL_BATCH],
-    /// A completion event was requested and has not been taken yet.
-    armed: bool,
     done: bool,
-    /// Receiving threads sleep on the completion channel after a spin
-    /// (not busy-polling). Fixed at creation. The engine task's pumps arm
-    /// the CQ and take its events in either mode.
+    /// Receiving threads arm the CQ and sleep until its next event after a
+    /// spin (not busy-polling). Fixed at creation. The engine task's pumps
+    /// arm the CQ in either mode.
     event_mode: bool,
 }
 
@@ -48,7 +47,7 @@ impl RcSource {
     pub(super) fn new(io: Arc<Io>) -> Self {
         let event_mode = !io.busy_poll;
         let wcs = std::array::from_fn(|_| MaybeUninit::uninit());
-        Self { io, wcs, armed: false, done: false, event_mode }
+        Self { io, wcs, done: false, event_mode }
     }
 
     /// Poll one batch of completions and act on each; how many there were.
@@ -77,10 +76,9 @@ impl RcSource {
         n
     }
 
-    /// In event mode, every pump returns with the CQ armed, so the engine,
-    /// asleep on the channel with no timeout, wakes at the next
-    /// completion. A pump that took the pending event (a receiving thread
-    /// that slept on the channel) arms it again before it returns: `true`
+    /// In event mode, every pump returns with the CQ armed, so the engine's
+    /// channel announces the next completion. A pump after an event came
+    /// (the CQ is no longer armed) arms it again before it returns: `true`
     /// when it did, and the CQ must then be polled once more, for a
     /// completion that landed before the arming announces nothing. The
     /// next pump, finding the CQ armed, has nothing to arm itself.
@@ -88,7 +86,7 @@ impl RcSource {
     /// checks it on every message.
     #[inline]
     fn arm_again(&mut self) -> bool {
-        let due = self.uses_channel() && !self.armed;
+        let due = self.uses_channel() && !self.io.notify().is_armed();
         if due {
             self.arm();
         }
@@ -98,16 +96,13 @@ impl RcSource {
     /// Request a completion event.
     #[inline(never)]
     fn arm(&mut self) {
-        if let Err(e) = self.io.cq.arm() {
-            tracing::debug!(error = %e, "ibv_req_notify_cq failed");
-        }
-        self.armed = true;
+        self.io.notify().arm(&self.io.cq);
     }
 
     /// Before reporting the CQ empty in event mode: the CQ is armed and no
-    /// event is pending, so a sleep on the channel ends at the next
-    /// completion. `false`: poll again first (a completion may have landed
-    /// before the arming, or an old event was taken).
+    /// event came since, so the next completion is announced. `false`:
+    /// poll again first (a completion may have landed before the arming,
+    /// or an event came).
     /// Inlined, with the event mode's part out of line: a busy-polling
     /// `try_recv` checks it on every empty spin.
     #[inline]
@@ -115,9 +110,9 @@ impl RcSource {
         !self.uses_channel() || self.settled_event()
     }
 
-    /// Whether this pump keeps the completion channel: in event mode, and
-    /// in the engine's pumps in either mode (a busy-polling receiving
-    /// thread spins and leaves it alone).
+    /// Whether this pump keeps the CQ armed: in event mode, and in the
+    /// engine's pumps in either mode (a busy-polling receiving thread
+    /// spins and leaves it alone).
     #[inline]
     fn uses_channel(&self) -> bool {
         self.event_mode || self.io.engine_pumping.load(Ordering::Relaxed)
@@ -125,17 +120,11 @@ impl RcSource {
 
     #[inline(never)]
     fn settled_event(&mut self) -> bool {
-        if !self.armed {
+        if !self.io.notify().is_armed() {
             self.arm();
             return false;
         }
-        match self.io.cq.wait(0) {
-            Ok(true) => {
-                self.armed = false;
-                false
-            }
-            _ => true,
-        }
+        true
     }
 }
 
@@ -208,31 +197,31 @@ impl Source for RcSource {
             if !self.settled() {
                 continue;
             }
-            // A sleep lasts until its deadline: a completion wakes it, and
-            // the thread's interrupt, which the close that every failure
-            // and end of the connection comes to rings, and so do the pool
-            // when a buffer a rendezvous waits for comes back and a local
-            // close while the thread waits for credit (`Driver::interrupt`).
-            // A starved rendezvous gives up at its own deadline.
+            // A sleep on the thread's interrupt lasts until its deadline.
+            // The engine's channel reader rings it at the CQ's next
+            // completion event; so do the close that every failure and end
+            // of the connection comes to, the pool when a buffer a
+            // rendezvous waits for comes back, and a local close while the
+            // thread waits for credit (`Driver::interrupt`). A starved
+            // rendezvous gives up at its own deadline.
             let until = self.io.rendezvous.starved_until().map_or(until, |t| t.min(until));
             let Some(me) = Interrupt::this_thread() else {
                 // No eventfd for this thread: look around now and then.
-                let left = until.saturating_duration_since(now).as_millis().clamp(1, NO_INTERRUPT_MS);
-                let _ =
-                    self.io.cq.wait_or_interrupt(None, left as i32).map(|w| self.armed &= w != Woke::Event);
+                thread::sleep(until.saturating_duration_since(now).min(NO_INTERRUPT_SLICE));
                 continue;
             };
             let Some(_asleep) = self.io.sleeping(&me) else { continue };
             let left = until.saturating_duration_since(now).as_millis().clamp(1, i32::MAX as u128) as i32;
-            match self.io.cq.wait_or_interrupt(Some(me.fd()), left) {
-                Ok(Woke::Event) => self.armed = false,
-                // Whoever rang it changed what this pump looks at: the
-                // caller looks again.
-                Ok(Woke::Interrupted) => {
+            match poll_readable(me.fd().as_raw_fd(), left) {
+                Ok(true) => {
                     me.clear();
-                    return Pumped::Idle;
+                    // A completion event: poll. Else whoever rang it changed
+                    // what this pump looks at: the caller looks again.
+                    if self.io.notify().is_armed() {
+                        return Pumped::Idle;
+                    }
                 }
-                Ok(Woke::Nothing) => {}
+                Ok(false) => {}
                 Err(e) => tracing::debug!(error = %e, "waiting for a completion event failed"),
             }
         }

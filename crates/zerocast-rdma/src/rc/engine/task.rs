@@ -1,6 +1,7 @@
 //! An RC connection as an engine task.
 //!
-//! The task waits on the CQ's completion channel. It polls the CQ whenever
+//! The task is woken by the CQ's completion events (through the engine's
+//! completion channel, see `comp_hub`). It polls the CQ whenever
 //! no application thread does, posts what sending threads queued (and the
 //! backlog a full send queue left), and reposts the receive buffers that
 //! releasing threads could not post themselves. It runs when a completion
@@ -20,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use zerocast_core::ConnError;
-use zerocast_link::engine::{Cx, Interest, Step, Task};
+use zerocast_link::engine::{Cx, Step, Task};
 use zerocast_link::{Driver, Pumped, Reposts, Writing};
 
 use super::send::RcWire;
@@ -170,8 +171,10 @@ impl RcTask {
 }
 
 impl Task for RcTask {
+    /// None: the CQ's events come through the engine's completion channel,
+    /// whose reader wakes this task while it listens.
     fn fd(&self) -> Option<BorrowedFd<'_>> {
-        self.io.cq.channel()
+        None
     }
 
     fn run(&mut self, cx: &mut Cx<'_>) -> Step {
@@ -187,6 +190,7 @@ impl Task for RcTask {
         let tick = cx.timer_due();
         let open = matches!(self.phase, Phase::Open) && !self.io.is_closing();
         let handed_back = cx.woken() && self.awaiting_handback;
+        let event = self.io.notify().take_fired();
         // A one-sided request's caller waits for its completion without
         // polling, and frames in the send queue's backlog wait for the
         // completions that make room: the engine polls for them, whoever
@@ -198,11 +202,8 @@ impl Task for RcTask {
             || self.io.rendezvous().is_starved();
         let claimed = self.driver.reader_claimed() && !waited_on;
         // The first pump arms the CQ: events come from then on.
-        let look = first
-            || !open
-            || tick
-            || (waited_on && cx.woken())
-            || ((cx.readable() || handed_back) && !claimed);
+        let look =
+            first || !open || tick || (waited_on && cx.woken()) || ((event || handed_back) && !claimed);
         if look && self.pump() {
             // Over: every posted request completed.
             self.driver.writer_done();
@@ -239,8 +240,10 @@ impl Task for RcTask {
                 return self.end(false);
             }
         }
-        let read = !self.awaiting_handback && (!open || !claimed);
-        cx.set_interest(Interest { read, write: false });
+        // Run at the next completion event, unless a receiving thread
+        // polls the CQ.
+        let listen = !self.awaiting_handback && (!open || !claimed);
+        self.io.notify().listen(&cx.waker(), listen);
         let mut timer = match self.phase {
             Phase::Open => self.heartbeat,
             Phase::Lingering(until) => Some(until),

@@ -1,0 +1,287 @@
+//! One completion channel for the RC connections of an engine.
+//!
+//! Every connection's CQ is created on its engine's channel with a
+//! [`Notify`] as its context. One engine task reads the channel: it takes
+//! every pending event (so none is left behind an edge), acknowledges each
+//! at once, and hands it to the CQ's `Notify`, which marks the CQ as no
+//! longer armed, rings the thread asleep on it, if one is, and wakes the
+//! connection's engine task, if it listens.
+//!
+//! So a connection holds no descriptor of its own for completions, the
+//! engine's poll set does not grow with connections, and a receiving
+//! thread sleeps on its own eventfd ([`Interrupt`]), which the close and
+//! the pool ring too. Arming stays with whoever polls the CQ, under one
+//! rule: the CQ is marked armed *before* `ibv_req_notify_cq`, so an event
+//! that follows the arming at once always clears the mark afterwards.
+
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use zerocast_link::engine::{Cx, Engine, Interest, Step, Task, Waker};
+use zerocast_link::Interrupt;
+
+use crate::cq::{CompChannel, CompletionQueue};
+use crate::device::Context;
+
+/// An engine's completion channel.
+pub(crate) struct CompHub {
+    channel: Arc<CompChannel>,
+    /// The engine's index among its transport's engines.
+    engine: usize,
+    /// The reading task's, once it ran.
+    waker: OnceLock<Waker>,
+}
+
+/// What one CQ's completion events reach.
+pub(crate) struct Notify {
+    /// An event was asked for (`ibv_req_notify_cq`) and has not come yet.
+    armed: AtomicBool,
+    /// An event came that the connection's task has not looked at.
+    fired: AtomicBool,
+    /// The connection's task wants to run at the next event.
+    listening: AtomicBool,
+    task: Mutex<Option<Waker>>,
+    /// The thread asleep until the next event, if one is.
+    sleeper: Mutex<Option<Interrupt>>,
+    /// Kept until the CQ is gone: the channel's reader lives as long.
+    hub: Option<Arc<CompHub>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Plain data, consistent after every statement.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl CompHub {
+    /// A channel of `ctx`, read by a task on `engine` (index `index`).
+    pub(crate) fn start(ctx: &Arc<Context>, engine: &Engine, index: usize) -> io::Result<Arc<Self>> {
+        let hub = Arc::new(Self { channel: CompChannel::new(ctx)?, engine: index, waker: OnceLock::new() });
+        engine.register(Box::new(Reader(hub.clone())));
+        Ok(hub)
+    }
+
+    /// A CQ of `depth` entries on this channel, and what its events reach.
+    pub(crate) fn cq(
+        self: &Arc<Self>,
+        ctx: &Arc<Context>,
+        depth: usize,
+    ) -> io::Result<(Arc<CompletionQueue>, Arc<Notify>)> {
+        let notify = Arc::new(Notify::new(Some(self.clone())));
+        let cq = CompletionQueue::new(ctx, depth, Some(self.channel.clone()), Some(notify.clone()))?;
+        Ok((cq, notify))
+    }
+
+    /// Let go of the hub and wake its reading task, which ends once
+    /// nothing else holds the hub (the transport let go, and no CQ is left).
+    pub(crate) fn retire(self: Arc<Self>) {
+        let waker = self.waker.get().cloned();
+        // Before the wake: the task counts the holders when it runs.
+        drop(self);
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Take every pending event and hand each to its CQ's `Notify`.
+    fn dispatch(&self) {
+        let fire = |ctx: *mut std::os::raw::c_void| {
+            // SAFETY: every CQ on this channel was made by `CompHub::cq`
+            // with a `Notify` as its context, which the CQ holds until it
+            // is destroyed, and its destruction waits for this event to be
+            // acknowledged, after this closure.
+            let notify = unsafe { &*(ctx as *const Notify) };
+            notify.fire();
+        };
+        while self.channel.take_event(fire).is_some() {}
+    }
+}
+
+impl Notify {
+    fn new(hub: Option<Arc<CompHub>>) -> Self {
+        Self {
+            armed: AtomicBool::new(false),
+            fired: AtomicBool::new(false),
+            listening: AtomicBool::new(false),
+            task: Mutex::new(None),
+            sleeper: Mutex::new(None),
+            hub,
+        }
+    }
+
+    /// The index of the engine whose channel announces this CQ.
+    pub(crate) fn engine(&self) -> usize {
+        self.hub.as_ref().map_or(0, |h| h.engine)
+    }
+
+    /// Ask for an event at the next completion of `cq` (this `Notify`'s).
+    pub(crate) fn arm(&self, cq: &CompletionQueue) {
+        // Marked first: the event this arming brings clears the mark after.
+        self.armed.store(true, Ordering::SeqCst);
+        if let Err(e) = cq.arm() {
+            tracing::debug!(error = %e, "ibv_req_notify_cq failed");
+        }
+    }
+
+    /// Whether an event was asked for and has not come yet: a wait for it
+    /// is woken.
+    pub(crate) fn is_armed(&self) -> bool {
+        self.armed.load(Ordering::SeqCst)
+    }
+
+    /// Whether an event came since the last call (the connection's task).
+    pub(crate) fn take_fired(&self) -> bool {
+        self.fired.load(Ordering::Relaxed) && self.fired.swap(false, Ordering::SeqCst)
+    }
+
+    /// Whether the connection's task (`task`) runs at the next event. A
+    /// listening task for which an event came meanwhile is woken at once.
+    pub(crate) fn listen(&self, task: &Waker, on: bool) {
+        {
+            let mut t = lock(&self.task);
+            if t.is_none() {
+                *t = Some(task.clone());
+            }
+        }
+        self.listening.store(on, Ordering::SeqCst);
+        if on && self.fired.load(Ordering::SeqCst) {
+            task.wake();
+        }
+    }
+
+    /// `me` sleeps until the next event (`Some`), or no longer (`None`).
+    pub(crate) fn set_sleeper(&self, me: Option<Interrupt>) {
+        *lock(&self.sleeper) = me;
+    }
+
+    /// Wake the thread asleep until the next event, if one is.
+    pub(crate) fn ring_sleeper(&self) {
+        if let Some(s) = lock(&self.sleeper).as_ref() {
+            s.ring();
+        }
+    }
+
+    /// An event came (the channel's reader).
+    fn fire(&self) {
+        self.armed.store(false, Ordering::SeqCst);
+        self.fired.store(true, Ordering::SeqCst);
+        self.ring_sleeper();
+        if self.listening.load(Ordering::SeqCst) {
+            if let Some(w) = lock(&self.task).as_ref() {
+                w.wake();
+            }
+        }
+    }
+}
+
+impl Drop for Notify {
+    fn drop(&mut self) {
+        // After the CQ was destroyed: the reader may end if it was the last.
+        if let Some(hub) = self.hub.take() {
+            hub.retire();
+        }
+    }
+}
+
+impl std::fmt::Debug for Notify {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notify")
+            .field("armed", &self.armed)
+            .field("fired", &self.fired)
+            .field("listening", &self.listening)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The engine task that reads the hub's channel.
+struct Reader(Arc<CompHub>);
+
+impl Task for Reader {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.0.channel.fd())
+    }
+
+    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
+        let _ = self.0.waker.set(cx.waker());
+        // Only this task holds the hub: its transport and every CQ on the
+        // channel are gone.
+        if Arc::strong_count(&self.0) == 1 {
+            return Step::Done;
+        }
+        self.0.dispatch();
+        cx.set_interest(Interest { read: true, write: false });
+        Step::Continue
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::AtomicUsize;
+
+    use zerocast_link::engine::Progress;
+
+    use super::*;
+
+    /// A task that counts its runs and hands out its waker.
+    struct Counting(Arc<AtomicUsize>, Arc<OnceLock<Waker>>);
+
+    impl Task for Counting {
+        fn fd(&self) -> Option<BorrowedFd<'_>> {
+            None
+        }
+
+        fn run(&mut self, cx: &mut Cx<'_>) -> Step {
+            let _ = self.1.set(cx.waker());
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Step::Continue
+        }
+    }
+
+    fn runs_after(progress: &mut Progress, runs: &AtomicUsize) -> usize {
+        progress.progress();
+        runs.load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn an_event_reaches_the_task_only_while_it_listens_and_is_never_lost() {
+        let (engine, mut progress) = Engine::detached("notify-test").expect("engine");
+        let (runs, waker) = (Arc::new(AtomicUsize::new(0)), Arc::new(OnceLock::new()));
+        engine.register(Box::new(Counting(runs.clone(), waker.clone())));
+        assert_eq!(runs_after(&mut progress, &runs), 1);
+        let task = waker.get().expect("the task ran").clone();
+        let n = Notify::new(None);
+
+        n.listen(&task, false);
+        n.fire();
+        assert_eq!(runs_after(&mut progress, &runs), 1, "a task that does not listen is not woken");
+        // The event is kept: the task runs as soon as it listens.
+        n.listen(&task, true);
+        assert_eq!(runs_after(&mut progress, &runs), 2, "an event that came before listening is lost");
+        assert!(n.take_fired() && !n.take_fired(), "taken once");
+
+        n.fire();
+        assert_eq!(runs_after(&mut progress, &runs), 3, "a listening task is woken by an event");
+        assert!(n.take_fired());
+        n.listen(&task, true);
+        assert_eq!(runs_after(&mut progress, &runs), 3, "no event, no run");
+    }
+
+    #[test]
+    fn an_event_clears_the_armed_mark_and_rings_the_sleeper() {
+        let me = Interrupt::this_thread().expect("an eventfd for this thread");
+        let readable = |me: &Interrupt| crate::cm::poll_readable(me.fd().as_raw_fd(), 0).expect("poll");
+        let n = Notify::new(None);
+        n.armed.store(true, Ordering::SeqCst);
+        n.set_sleeper(Some(me.clone()));
+        assert!(n.is_armed() && !readable(&me));
+        n.fire();
+        assert!(!n.is_armed(), "the mark outlived the event");
+        assert!(readable(&me), "the sleeper was not rung");
+        me.clear();
+        n.set_sleeper(None);
+        n.fire();
+        assert!(!readable(&me), "a thread no longer asleep was rung");
+    }
+}

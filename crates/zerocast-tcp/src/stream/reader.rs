@@ -216,12 +216,21 @@ impl Source for Reader {
                 if frames > 0 {
                     return Pumped::Frames;
                 }
-                // Without a deadline, ask the socket once more instead.
-                if until.is_some() {
-                    self.note_stall();
-                    if !self.wait(driver, until) {
-                        return self.idle(driver);
+                // Without a deadline (a `try_recv`, or a `try_send` short
+                // of credit, often in a loop), ask whether anything came
+                // with poll(2) rather than a read: poll does not take the
+                // socket's lock, which the peer's arriving segments need
+                // (spinning on reads slows the stream it waits for). It
+                // costs a round trip one system call when something came.
+                let ready = match until {
+                    Some(_) => {
+                        self.note_stall();
+                        self.wait(driver, until)
                     }
+                    None => readable(&self.sock, Some(Duration::ZERO), None),
+                };
+                if !ready {
+                    return self.idle(driver);
                 }
                 self.drained = false;
             }

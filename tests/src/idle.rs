@@ -167,6 +167,46 @@ pub fn a_payload_waiting_for_a_buffer_sleeps(scheme: &str, watch: Duration, max_
     n
 }
 
+/// Handshaken connections a `tcp://` listener holds for `accept` before it
+/// stops taking peers (its backlog).
+pub const TCP_ACCEPT_BACKLOG: usize = 1024;
+
+/// A `tcp://` listener whose application does not `accept` fills its
+/// backlog and stops taking peers: its engine then sleeps, with no timer,
+/// until an `accept` makes room, and the peer that waited is taken at once.
+/// Returns how many threads were watched.
+pub fn a_listener_held_by_its_backlog_sleeps(watch: Duration, max_wakes: u64) -> usize {
+    use std::sync::mpsc;
+    use zerocast::Zerocast;
+    crate::process::raise_open_files(4 * TCP_ACCEPT_BACKLOG as u64 + 256);
+    let client = Zerocast::new();
+    let (done_tx, done) = mpsc::channel();
+    let open = || {
+        let server = Zerocast::new();
+        let listener = server.listen("tcp://127.0.0.1:0").expect("listen");
+        let at = listener.local_endpoint().to_string();
+        let held: Vec<_> = (0..TCP_ACCEPT_BACKLOG)
+            .map(|i| client.connect(&at).unwrap_or_else(|e| panic!("connection {i}: {e}")))
+            .collect();
+        // One more: its handshake waits until the listener takes it.
+        let (client, at) = (client.clone(), at.clone());
+        let waiting = thread::spawn(move || {
+            let r = client.connect(&at);
+            let _ = done_tx.send(());
+            r
+        });
+        (server, listener, held, waiting)
+    };
+    let ((server, listener, held, waiting), n) =
+        stays_asleep(open, Duration::from_millis(300), watch, max_wakes);
+    assert!(done.try_recv().is_err(), "a peer beyond the backlog was taken while accept was behind");
+    let first = listener.accept().expect("accept");
+    done.recv_timeout(Duration::from_secs(4)).expect("the waiting peer, once accept made room");
+    waiting.join().expect("connect thread").expect("the waiting peer's connect");
+    drop((first, held, listener, server));
+    n
+}
+
 /// Run `open`, let what it opened settle for `settle`, then watch it idle
 /// for `watch`: every thread zerocast started meanwhile wakes at most
 /// `max_wakes` times. Returns what `open` returned, and how many threads

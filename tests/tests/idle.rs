@@ -25,4 +25,8 @@ fn idle_connections_do_not_wake() {
     // contexts it opens.
     let n = idle::a_payload_waiting_for_a_buffer_sleeps("tcp", Duration::from_secs(2), 3);
     assert_eq!(n, 2, "tcp: threads watched");
+    // And a listener whose backlog is full (`accept` is behind): the
+    // engines of the server, which an `accept` wakes, and of the clients.
+    let n = idle::a_listener_held_by_its_backlog_sleeps(Duration::from_secs(2), 3);
+    assert_eq!(n, 2, "tcp listener: threads watched");
 }

@@ -49,7 +49,7 @@ pub use conn::{Connection, Flavor};
 pub use driver::{Driver, Frame};
 pub use interrupt::Interrupt;
 pub use link::{Link, LinkStats};
-pub use listener::{chain as error_chain, CloseSignal, ListenerCounters};
+pub use listener::{chain as error_chain, Backlog, CloseSignal, ListenerCounters};
 pub use ready::Notify;
 pub use recv::{RecvBuf, ReleaseToken};
 pub use repost::{Repost, Reposted};

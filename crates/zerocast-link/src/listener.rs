@@ -54,6 +54,35 @@ impl ListenerCounters {
     }
 }
 
+/// Holds a listener's accepting task while `accept` is behind: the task
+/// stops taking peers (the kernel's queue, or rdma_cm's, holds them) and
+/// waits, with no timer, for the `accept` that makes room to wake it.
+#[derive(Debug, Default)]
+pub struct Backlog {
+    held: AtomicBool,
+}
+
+impl Backlog {
+    /// The accepting task asks whether to stop taking peers: `behind`
+    /// says whether `accept` is behind. When it is, the task is held, and
+    /// the next [`Backlog::taken`] says to wake it. Marked before the
+    /// look, so an `accept` in between either is seen or sees the mark.
+    pub fn hold(&self, behind: impl FnOnce() -> bool) -> bool {
+        self.held.store(true, Ordering::SeqCst);
+        if behind() {
+            return true;
+        }
+        self.held.store(false, Ordering::SeqCst);
+        false
+    }
+
+    /// `accept` took a connection: whether the accepting task is held and
+    /// must now be woken.
+    pub fn taken(&self) -> bool {
+        self.held.load(Ordering::SeqCst) && self.held.swap(false, Ordering::SeqCst)
+    }
+}
+
 /// An error and its sources on one line.
 pub fn chain(e: &dyn std::error::Error) -> String {
     let mut msg = e.to_string();
@@ -141,6 +170,16 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn a_held_backlog_is_released_by_the_next_accept_only() {
+        let b = Backlog::default();
+        assert!(!b.hold(|| false), "not behind: not held");
+        assert!(!b.taken(), "nothing held, nothing to wake");
+        assert!(b.hold(|| true));
+        assert!(b.taken(), "the accept that makes room wakes the held task");
+        assert!(!b.taken(), "once");
+    }
 
     #[test]
     fn wait_takes_an_item_times_out_and_ends_on_close() {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use zerocast_core::{AcceptError, ConnectError, Endpoint, LinkConfig, ListenerStats};
 use zerocast_link::engine::{Cx, Interest, Step, Task, Waker};
-use zerocast_link::{CloseSignal, ListenerCounters};
+use zerocast_link::{Backlog, CloseSignal, ListenerCounters};
 
 use super::srq::SharedRecv;
 use super::{RcConnection, RcError, RcTransport, SrqStats};
@@ -26,8 +26,8 @@ use super::{RcConnection, RcError, RcTransport, SrqStats};
 pub(super) const BACKLOG: usize = 1024;
 /// Peers taken per run, so other tasks get their turn.
 const ACCEPT_BURST: usize = 64;
-/// How long accepting pauses while `accept` is behind, or while the
-/// process is short of descriptors or memory.
+/// How long accepting pauses while the process is short of descriptors
+/// or memory. (While `accept` is behind, it waits for `accept` instead.)
 const PAUSE: Duration = Duration::from_millis(10);
 
 /// Where a listener's peers come in: the listening id's event channel, or
@@ -54,13 +54,13 @@ pub(super) enum Taken {
 }
 
 /// A listener's accepting task: it takes what its intake has, a burst at
-/// a time, pauses while `accept` is behind, and ends (with its listening
-/// id or socket) once the listener closes.
+/// a time, is held while `accept` is behind (until an `accept` wakes it),
+/// and ends (with its listening id or socket) once the listener closes.
 pub(super) struct AcceptTask<I> {
     intake: I,
     shared: Arc<Shared>,
     registered: bool,
-    /// Taking peers waits for the pause's timer.
+    /// Taking peers waits for the pause's timer, or for `accept`.
     paused: bool,
 }
 
@@ -83,14 +83,18 @@ impl<I: Intake> Task for AcceptTask<I> {
         if self.shared.close.is_closed() {
             return Step::Done;
         }
-        if self.paused && !cx.timer_due() {
+        if self.paused && !cx.timer_due() && !cx.woken() {
             return Step::Continue;
         }
         self.paused = false;
         cx.set_timer(None);
         for _ in 0..ACCEPT_BURST {
-            let taken = if self.shared.behind() { Taken::Pause } else { self.intake.take(&self.shared, cx) };
-            match taken {
+            if self.shared.backlog.hold(|| self.shared.behind()) {
+                // The `accept` that makes room wakes us.
+                self.paused = true;
+                break;
+            }
+            match self.intake.take(&self.shared, cx) {
                 Taken::One => {}
                 Taken::Nothing => break,
                 Taken::Pause => {
@@ -121,8 +125,10 @@ pub(super) struct Shared {
     pub(super) srq: Option<Arc<SharedRecv>>,
     /// Handshaken connections, or the error that ended the listener.
     tx: Sender<Result<RcConnection, ConnectError>>,
-    /// The accepting task, woken by a close.
+    /// The accepting task, woken by a close, and by an `accept` that
+    /// makes room while it is held.
     accepting: Mutex<Option<Waker>>,
+    backlog: Backlog,
 }
 
 impl Shared {
@@ -212,6 +218,7 @@ impl RcListener {
             srq,
             tx,
             accepting: Mutex::new(None),
+            backlog: Backlog::default(),
         });
         start(shared.clone(), transport.inner.engines.pick());
         Self { ready, shared }
@@ -240,7 +247,11 @@ impl zerocast_core::Listener for RcListener {
     type Conn = RcConnection;
 
     fn accept_until(&self, deadline: Option<Instant>) -> Result<RcConnection, AcceptError> {
-        let conn = self.shared.close.wait(&self.ready, deadline)?.map_err(AcceptError::Failed)?;
+        let conn = self.shared.close.wait(&self.ready, deadline);
+        if self.shared.backlog.taken() {
+            self.shared.wake_accepting();
+        }
+        let conn = conn?.map_err(AcceptError::Failed)?;
         self.shared.counters.accepted();
         Ok(conn)
     }

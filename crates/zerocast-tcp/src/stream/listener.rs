@@ -9,7 +9,7 @@
 
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
@@ -17,8 +17,8 @@ use rustix::io::Errno;
 use rustix::net::{recv, send, RecvFlags, SendFlags};
 use socket2::Socket;
 use zerocast_core::{AcceptError, ConnError, ConnectError, Endpoint, LinkConfig, ListenerStats};
-use zerocast_link::engine::{Cx, Interest, Step, Task};
-use zerocast_link::{CloseSignal, ListenerCounters};
+use zerocast_link::engine::{Cx, Interest, Step, Task, Waker};
+use zerocast_link::{Backlog, CloseSignal, ListenerCounters};
 
 use super::handshake::HelloExchange;
 use super::{TcpConnection, TcpTransport};
@@ -30,7 +30,7 @@ const BACKLOG: usize = 1024;
 /// Sockets accepted per run, so other tasks get their turn.
 const ACCEPT_BURST: usize = 64;
 /// How long accepting pauses when the process is short of descriptors or
-/// memory, or `accept` is behind.
+/// memory. (While `accept` is behind, it waits for `accept` instead.)
 const PAUSE: Duration = Duration::from_millis(10);
 
 /// Accepts `tcp://` connections.
@@ -57,6 +57,10 @@ struct Shared {
     local: Endpoint,
     /// Handshaken connections, or the error that ended the listener.
     tx: Sender<Result<TcpConnection, ConnectError>>,
+    /// The accepting task (once it ran), woken by an `accept` that makes
+    /// room while it is held.
+    accepting: OnceLock<Waker>,
+    backlog: Backlog,
 }
 
 impl TcpListener {
@@ -78,6 +82,8 @@ impl TcpListener {
             link,
             local: local.clone(),
             tx,
+            accepting: OnceLock::new(),
+            backlog: Backlog::default(),
         });
         let task = AcceptTask { sock: sock.clone(), shared: shared.clone(), paused: false };
         engine.register(Box::new(task));
@@ -103,7 +109,13 @@ impl zerocast_core::Listener for TcpListener {
     type Conn = TcpConnection;
 
     fn accept_until(&self, deadline: Option<Instant>) -> Result<TcpConnection, AcceptError> {
-        let conn = self.shared.close.wait(&self.ready, deadline)?.map_err(AcceptError::Failed)?;
+        let conn = self.shared.close.wait(&self.ready, deadline);
+        if self.shared.backlog.taken() {
+            if let Some(w) = self.shared.accepting.get() {
+                w.wake();
+            }
+        }
+        let conn = conn?.map_err(AcceptError::Failed)?;
         self.shared.counters.accepted();
         Ok(conn)
     }
@@ -125,7 +137,7 @@ impl zerocast_core::Listener for TcpListener {
 struct AcceptTask {
     sock: Arc<Socket>,
     shared: Arc<Shared>,
-    /// Accepting waits for the pause's timer.
+    /// Accepting waits for the pause's timer, or for `accept`.
     paused: bool,
 }
 
@@ -172,8 +184,9 @@ impl AcceptTask {
     fn accept_burst(&mut self, cx: &mut Cx<'_>) -> bool {
         let shared = &self.shared;
         for _ in 0..ACCEPT_BURST {
-            if shared.tx.len() >= BACKLOG {
-                self.pause(cx);
+            if shared.backlog.hold(|| shared.tx.len() >= BACKLOG) {
+                // The `accept` that makes room wakes us.
+                self.paused = true;
                 return true;
             }
             // Non-blocking from the start, in one call: a flood of junk
@@ -220,10 +233,11 @@ impl Task for AcceptTask {
     }
 
     fn run(&mut self, cx: &mut Cx<'_>) -> Step {
+        let _ = self.shared.accepting.set(cx.waker());
         if self.shared.close.is_closed() {
             return Step::Done;
         }
-        if self.paused && !cx.timer_due() {
+        if self.paused && !cx.timer_due() && !cx.woken() {
             return Step::Continue;
         }
         self.paused = false;

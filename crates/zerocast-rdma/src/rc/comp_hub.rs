@@ -10,7 +10,12 @@
 //! So a connection holds no descriptor of its own for completions, the
 //! engine's poll set does not grow with connections, and a receiving
 //! thread sleeps on its own eventfd ([`Interrupt`]), which the close and
-//! the pool ring too. Arming stays with whoever polls the CQ, under one
+//! the pool ring too. One sleeping thread at a time, the *leader*
+//! ([`CompHub::lead`]), also watches the channel and hands its events on
+//! itself, as the engine would: a completion then wakes a sleeping
+//! receiver directly, not through the engine's thread (a wake-up more on
+//! its way), and the others still sleep on their own eventfds only, so an
+//! event wakes no herd. Arming stays with whoever polls the CQ, under one
 //! rule: the CQ is marked armed *before* `ibv_req_notify_cq`, so an event
 //! that follows the arming at once always clears the mark afterwards.
 
@@ -32,6 +37,31 @@ pub(crate) struct CompHub {
     engine: usize,
     /// The reading task's, once it ran.
     waker: OnceLock<Waker>,
+    /// A sleeping thread watches the channel too (see [`CompHub::lead`]).
+    led: AtomicBool,
+}
+
+/// The leadership of a sleeping thread over its hub's channel; released
+/// on drop.
+pub(crate) struct Lead<'a>(&'a CompHub);
+
+impl Lead<'_> {
+    /// The channel's descriptor, to watch beside the thread's own.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.0.channel.fd()
+    }
+
+    /// Take every pending event and hand each on (the leader's own
+    /// included: its eventfd is rung like any sleeper's).
+    pub(crate) fn dispatch(&self) {
+        self.0.dispatch();
+    }
+}
+
+impl Drop for Lead<'_> {
+    fn drop(&mut self) {
+        self.0.led.store(false, Ordering::Release);
+    }
 }
 
 /// What one CQ's completion events reach.
@@ -57,7 +87,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl CompHub {
     /// A channel of `ctx`, read by a task on `engine` (index `index`).
     pub(crate) fn start(ctx: &Arc<Context>, engine: &Engine, index: usize) -> io::Result<Arc<Self>> {
-        let hub = Arc::new(Self { channel: CompChannel::new(ctx)?, engine: index, waker: OnceLock::new() });
+        let hub = Arc::new(Self {
+            channel: CompChannel::new(ctx)?,
+            engine: index,
+            waker: OnceLock::new(),
+            led: AtomicBool::new(false),
+        });
         engine.register(Box::new(Reader(hub.clone())));
         Ok(hub)
     }
@@ -82,6 +117,12 @@ impl CompHub {
         if let Some(w) = waker {
             w.wake();
         }
+    }
+
+    /// Lead the channel while the calling thread sleeps, unless another
+    /// thread does.
+    pub(crate) fn lead(&self) -> Option<Lead<'_>> {
+        (!self.led.load(Ordering::Relaxed) && !self.led.swap(true, Ordering::Acquire)).then_some(Lead(self))
     }
 
     /// Take every pending event and hand each to its CQ's `Notify`.
@@ -115,6 +156,11 @@ impl Notify {
         self.hub.as_ref().map_or(0, |h| h.engine)
     }
 
+    /// The channel's hub (`None` only in tests).
+    pub(crate) fn hub(&self) -> Option<&CompHub> {
+        self.hub.as_deref()
+    }
+
     /// Ask for an event at the next completion of `cq` (this `Notify`'s).
     pub(crate) fn arm(&self, cq: &CompletionQueue) {
         // Marked first: the event this arming brings clears the mark after.
@@ -128,6 +174,11 @@ impl Notify {
     /// is woken.
     pub(crate) fn is_armed(&self) -> bool {
         self.armed.load(Ordering::SeqCst)
+    }
+
+    /// Whether the connection's task wants to run at the next event.
+    pub(crate) fn is_listening(&self) -> bool {
+        self.listening.load(Ordering::SeqCst)
     }
 
     /// Whether an event came since the last call (the connection's task).

@@ -9,7 +9,7 @@
 //! goodbyes and rendezvous READs of a busy application still move.
 
 use std::mem::MaybeUninit;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread;
@@ -21,7 +21,7 @@ use zerocast_link::{Driver, Interrupt, Pumped, Source};
 
 use super::completion::on_completion;
 use super::{Io, POLL_BATCH};
-use crate::cm::poll_readable;
+use crate::cm::poll_in;
 use crate::rc::rendezvous;
 use crate::rc::RcError;
 
@@ -76,21 +76,37 @@ impl RcSource {
         n
     }
 
-    /// In event mode, every pump returns with the CQ armed, so the engine's
-    /// channel announces the next completion. A pump after an event came
-    /// (the CQ is no longer armed) arms it again before it returns: `true`
-    /// when it did, and the CQ must then be polled once more, for a
-    /// completion that landed before the arming announces nothing. The
-    /// next pump, finding the CQ armed, has nothing to arm itself.
+    /// In event mode, every pump the engine may rely on returns with the
+    /// CQ armed, so the engine's channel announces the next completion. A
+    /// pump after an event came (the CQ is no longer armed) arms it again
+    /// before it returns: `true` when it did, and the CQ must then be
+    /// polled once more, for a completion that landed before the arming
+    /// announces nothing. The next pump, finding the CQ armed, has nothing
+    /// to arm itself.
+    ///
+    /// Not while an application thread receives here (the claim) and the
+    /// engine task does not listen: nothing then needs the events, and
+    /// each would wake the engine's thread, which reads the channel, for
+    /// nothing (a thread that sleeps arms first, see [`Self::settled`];
+    /// an engine task that listens again pumps an unarmed CQ first).
     /// Inlined, with the arming out of line: a busy-polling receive
     /// checks it on every message.
     #[inline]
-    fn arm_again(&mut self) -> bool {
-        let due = self.uses_channel() && !self.io.notify().is_armed();
+    fn arm_again(&mut self, driver: &Driver) -> bool {
+        let due = self.uses_channel() && !self.io.notify().is_armed() && self.events_wanted(driver);
         if due {
             self.arm();
         }
         due
+    }
+
+    /// Whether the engine wants the CQ's events: its own pump, or no
+    /// application thread receives here, or the engine task listens.
+    #[inline]
+    fn events_wanted(&self, driver: &Driver) -> bool {
+        self.io.engine_pumping.load(Ordering::Relaxed)
+            || !driver.reader_claimed()
+            || self.io.notify().is_listening()
     }
 
     /// Request a completion event.
@@ -150,7 +166,7 @@ impl Source for RcSource {
                 continue;
             }
             if n > 0 || handled {
-                if self.arm_again() {
+                if self.arm_again(driver) {
                     handled = true;
                     continue;
                 }
@@ -177,7 +193,7 @@ impl Source for RcSource {
             };
             let now = Instant::now();
             if now >= until {
-                if self.arm_again() {
+                if self.arm_again(driver) {
                     continue;
                 }
                 return Pumped::Idle;
@@ -212,12 +228,29 @@ impl Source for RcSource {
             };
             let Some(_asleep) = self.io.sleeping(&me) else { continue };
             let left = until.saturating_duration_since(now).as_millis().clamp(1, i32::MAX as u128) as i32;
-            match poll_readable(me.fd().as_raw_fd(), left) {
+            // Watch the channel too, if no other sleeping thread does.
+            let lead = self.io.notify().hub().and_then(|h| h.lead());
+            let pollin =
+                |fd: BorrowedFd<'_>| libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            let mut fds = [pollin(me.fd()), pollin(me.fd())];
+            let n = match &lead {
+                Some(l) => {
+                    fds[1] = pollin(l.fd());
+                    2
+                }
+                None => 1,
+            };
+            match poll_in(&mut fds[..n], left) {
                 Ok(true) => {
+                    if let Some(l) = lead.filter(|_| fds[1].revents != 0) {
+                        // Our event, if it came, rings our own eventfd.
+                        l.dispatch();
+                    }
                     me.clear();
-                    // A completion event: poll. Else whoever rang it changed
-                    // what this pump looks at: the caller looks again.
-                    if self.io.notify().is_armed() {
+                    // A completion event: poll. Else, if something rang us,
+                    // it changed what this pump looks at: the caller looks
+                    // again; and if only others' events came, sleep again.
+                    if self.io.notify().is_armed() && fds[0].revents != 0 {
                         return Pumped::Idle;
                     }
                 }

@@ -202,8 +202,15 @@ impl Task for RcTask {
             || self.io.rendezvous().is_starved();
         let claimed = self.driver.reader_claimed() && !waited_on;
         // The first pump arms the CQ: events come from then on.
-        let look =
-            first || !open || tick || (waited_on && cx.woken()) || ((event || handed_back) && !claimed);
+        // A CQ left unarmed (by a receiving thread that held it; see
+        // `RcSource::arm_again`) is pumped, which arms it, before the task
+        // listens to it.
+        let unarmed = !self.io.notify().is_armed();
+        let look = first
+            || !open
+            || tick
+            || (waited_on && cx.woken())
+            || ((event || handed_back || unarmed) && !claimed);
         if look && self.pump() {
             // Over: every posted request completed.
             self.driver.writer_done();

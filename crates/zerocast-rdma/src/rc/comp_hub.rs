@@ -15,9 +15,12 @@
 //! itself, as the engine would: a completion then wakes a sleeping
 //! receiver directly, not through the engine's thread (a wake-up more on
 //! its way), and the others still sleep on their own eventfds only, so an
-//! event wakes no herd. Arming stays with whoever polls the CQ, under one
-//! rule: the CQ is marked armed *before* `ibv_req_notify_cq`, so an event
-//! that follows the arming at once always clears the mark afterwards.
+//! event wakes no herd. The engine's reader parks while no one else needs
+//! the events (see `channel_watch`).
+//!
+//! Arming stays with whoever polls the CQ, under one rule: the CQ is marked
+//! armed *before* `ibv_req_notify_cq`, so an event that follows the arming
+//! at once always clears the mark afterwards.
 
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -27,6 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use zerocast_link::engine::{Cx, Engine, Interest, Step, Task, Waker};
 use zerocast_link::Interrupt;
 
+use super::channel_watch::ChannelWatch;
 use crate::cq::{CompChannel, CompletionQueue};
 use crate::device::Context;
 
@@ -37,8 +41,8 @@ pub(crate) struct CompHub {
     engine: usize,
     /// The reading task's, once it ran.
     waker: OnceLock<Waker>,
-    /// A sleeping thread watches the channel too (see [`CompHub::lead`]).
-    led: AtomicBool,
+    /// Who watches the channel: the reader, or a leader, or no one.
+    watch: ChannelWatch,
 }
 
 /// The leadership of a sleeping thread over its hub's channel; released
@@ -60,7 +64,9 @@ impl Lead<'_> {
 
 impl Drop for Lead<'_> {
     fn drop(&mut self) {
-        self.0.led.store(false, Ordering::Release);
+        if self.0.watch.unlead() {
+            self.0.wake_reader();
+        }
     }
 }
 
@@ -91,7 +97,7 @@ impl CompHub {
             channel: CompChannel::new(ctx)?,
             engine: index,
             waker: OnceLock::new(),
-            led: AtomicBool::new(false),
+            watch: ChannelWatch::default(),
         });
         engine.register(Box::new(Reader(hub.clone())));
         Ok(hub)
@@ -122,7 +128,13 @@ impl CompHub {
     /// Lead the channel while the calling thread sleeps, unless another
     /// thread does.
     pub(crate) fn lead(&self) -> Option<Lead<'_>> {
-        (!self.led.load(Ordering::Relaxed) && !self.led.swap(true, Ordering::Acquire)).then_some(Lead(self))
+        self.watch.lead().then_some(Lead(self))
+    }
+
+    fn wake_reader(&self) {
+        if let Some(w) = self.waker.get() {
+            w.wake();
+        }
     }
 
     /// Take every pending event and hand each to its CQ's `Notify`.
@@ -195,15 +207,24 @@ impl Notify {
                 *t = Some(task.clone());
             }
         }
-        self.listening.store(on, Ordering::SeqCst);
+        let was = self.listening.swap(on, Ordering::SeqCst);
+        if let Some(hub) = self.hub.as_ref().filter(|h| h.watch.listening(was, on)) {
+            hub.wake_reader();
+        }
         if on && self.fired.load(Ordering::SeqCst) {
             task.wake();
         }
     }
 
     /// `me` sleeps until the next event (`Some`), or no longer (`None`).
+    /// A thread that sleeps then tries to lead ([`CompHub::lead`]).
     pub(crate) fn set_sleeper(&self, me: Option<Interrupt>) {
-        *lock(&self.sleeper) = me;
+        let mut s = lock(&self.sleeper);
+        let was = s.is_some();
+        *s = me;
+        if let Some(hub) = &self.hub {
+            hub.watch.sleeping(was, s.is_some());
+        }
     }
 
     /// Wake the thread asleep until the next event, if one is.
@@ -230,6 +251,8 @@ impl Drop for Notify {
     fn drop(&mut self) {
         // After the CQ was destroyed: the reader may end if it was the last.
         if let Some(hub) = self.hub.take() {
+            hub.watch.listening(*self.listening.get_mut(), false);
+            hub.watch.sleeping(self.sleeper.get_mut().is_ok_and(|s| s.is_some()), false);
             hub.retire();
         }
     }
@@ -261,7 +284,10 @@ impl Task for Reader {
             return Step::Done;
         }
         self.0.dispatch();
-        cx.set_interest(Interest { read: true, write: false });
+        // Parked while no one needs the events; whoever needs them again
+        // wakes us.
+        let read = self.0.watch.reader_keeps_watching();
+        cx.set_interest(Interest { read, write: false });
         Step::Continue
     }
 }

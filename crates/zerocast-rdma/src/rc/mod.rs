@@ -18,6 +18,7 @@
 //! keeps that true across its connections; see `srq` for the argument.
 
 mod budget;
+mod channel_watch;
 mod cm_hub;
 mod cm_path;
 mod comp_hub;

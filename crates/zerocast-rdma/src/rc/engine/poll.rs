@@ -214,7 +214,8 @@ impl Source for RcSource {
                 continue;
             }
             // A sleep on the thread's interrupt lasts until its deadline.
-            // The engine's channel reader rings it at the CQ's next
+            // Whoever reads the completion channel (the engine, or the
+            // sleeping thread that leads it) rings it at the CQ's next
             // completion event; so do the close that every failure and end
             // of the connection comes to, the pool when a buffer a
             // rendezvous waits for comes back, and a local close while the

@@ -3,11 +3,13 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use zerocast_core::{AcceptError, ListenerStats};
+
+use crate::engine::Waker;
 
 /// A listener's counters, bumped by whichever thread runs a handshake.
 #[derive(Debug, Default)]
@@ -60,9 +62,16 @@ impl ListenerCounters {
 #[derive(Debug, Default)]
 pub struct Backlog {
     held: AtomicBool,
+    /// The accepting task, from its first run.
+    task: OnceLock<Waker>,
 }
 
 impl Backlog {
+    /// The accepting task (its waker), for [`Backlog::taken`] to wake.
+    pub fn set_task(&self, task: &Waker) {
+        self.task.get_or_init(|| task.clone());
+    }
+
     /// The accepting task asks whether to stop taking peers: `behind`
     /// says whether `accept` is behind. When it is, the task is held, and
     /// the next [`Backlog::taken`] says to wake it. Marked before the
@@ -76,9 +85,17 @@ impl Backlog {
         false
     }
 
-    /// `accept` took a connection: whether the accepting task is held and
-    /// must now be woken.
-    pub fn taken(&self) -> bool {
+    /// `accept` took a connection: wake the accepting task if it is held.
+    pub fn taken(&self) {
+        if self.release() {
+            if let Some(task) = self.task.get() {
+                task.wake();
+            }
+        }
+    }
+
+    /// Whether the accepting task was held (it is not any more).
+    fn release(&self) -> bool {
         self.held.load(Ordering::SeqCst) && self.held.swap(false, Ordering::SeqCst)
     }
 }
@@ -175,10 +192,10 @@ mod tests {
     fn a_held_backlog_is_released_by_the_next_accept_only() {
         let b = Backlog::default();
         assert!(!b.hold(|| false), "not behind: not held");
-        assert!(!b.taken(), "nothing held, nothing to wake");
+        assert!(!b.release(), "nothing held, nothing to wake");
         assert!(b.hold(|| true));
-        assert!(b.taken(), "the accept that makes room wakes the held task");
-        assert!(!b.taken(), "once");
+        assert!(b.release(), "the accept that makes room wakes the held task");
+        assert!(!b.release(), "once");
     }
 
     #[test]

@@ -25,6 +25,7 @@ use libc::c_int;
 use rdma_sys::rdma_cm_event_type as ev;
 use zerocast_link::engine::{Cx, Engine, Interest, Step, Task, Waker};
 
+use super::hub::Hub;
 use crate::cm::{event_name, CmId, EventChannel};
 
 /// An rdma_cm event, copied out of the channel (and acknowledged there).
@@ -93,18 +94,6 @@ impl CmHub {
         let route = Arc::new(Route::default());
         lock(&self.routes).insert(key, route.clone());
         RouteGuard { hub: Some(self.clone()), key, route }
-    }
-
-    /// Let go of the hub and wake its reading task, which ends once
-    /// nothing else holds the hub (the transport let go, and no route is
-    /// left).
-    pub(crate) fn retire(self: Arc<Self>) {
-        let waker = self.waker.get().cloned();
-        // Before the wake: the task counts the holders when it runs.
-        drop(self);
-        if let Some(w) = waker {
-            w.wake();
-        }
     }
 
     /// Read every pending event and hand each to its route.
@@ -183,6 +172,13 @@ impl Drop for RouteGuard {
     }
 }
 
+/// Retired (see [`Hub::retire`]) by the transport and by the last route.
+impl Hub for CmHub {
+    fn reader(&self) -> &OnceLock<Waker> {
+        &self.waker
+    }
+}
+
 /// The engine task that reads the hub's channel.
 struct Reader(Arc<CmHub>);
 
@@ -192,10 +188,9 @@ impl Task for Reader {
     }
 
     fn run(&mut self, cx: &mut Cx<'_>) -> Step {
-        let _ = self.0.waker.set(cx.waker());
         // Only this task holds the hub: its transport and every route
         // (which the ids on the channel outlive only briefly) are gone.
-        if Arc::strong_count(&self.0) == 1 {
+        if Hub::reader_alone(&self.0, cx) {
             return Step::Done;
         }
         if let Err(e) = self.0.dispatch() {

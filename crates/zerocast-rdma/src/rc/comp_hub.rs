@@ -31,6 +31,7 @@ use zerocast_link::engine::{Cx, Engine, Interest, Step, Task, Waker};
 use zerocast_link::Interrupt;
 
 use super::channel_watch::ChannelWatch;
+use super::hub::Hub;
 use crate::cq::{CompChannel, CompletionQueue};
 use crate::device::Context;
 
@@ -112,17 +113,6 @@ impl CompHub {
         let notify = Arc::new(Notify::new(Some(self.clone())));
         let cq = CompletionQueue::new(ctx, depth, Some(self.channel.clone()), Some(notify.clone()))?;
         Ok((cq, notify))
-    }
-
-    /// Let go of the hub and wake its reading task, which ends once
-    /// nothing else holds the hub (the transport let go, and no CQ is left).
-    pub(crate) fn retire(self: Arc<Self>) {
-        let waker = self.waker.get().cloned();
-        // Before the wake: the task counts the holders when it runs.
-        drop(self);
-        if let Some(w) = waker {
-            w.wake();
-        }
     }
 
     /// Lead the channel while the calling thread sleeps, unless another
@@ -268,6 +258,14 @@ impl std::fmt::Debug for Notify {
     }
 }
 
+/// Retired (see [`Hub::retire`]) by the transport and by each CQ's
+/// `Notify`, after the CQ is destroyed.
+impl Hub for CompHub {
+    fn reader(&self) -> &OnceLock<Waker> {
+        &self.waker
+    }
+}
+
 /// The engine task that reads the hub's channel.
 struct Reader(Arc<CompHub>);
 
@@ -277,10 +275,9 @@ impl Task for Reader {
     }
 
     fn run(&mut self, cx: &mut Cx<'_>) -> Step {
-        let _ = self.0.waker.set(cx.waker());
         // Only this task holds the hub: its transport and every CQ on the
         // channel are gone.
-        if Arc::strong_count(&self.0) == 1 {
+        if Hub::reader_alone(&self.0, cx) {
             return Step::Done;
         }
         self.0.dispatch();

@@ -78,6 +78,7 @@ impl<I: Intake> Task for AcceptTask<I> {
     fn run(&mut self, cx: &mut Cx<'_>) -> Step {
         if !self.registered {
             self.shared.set_accepting(cx.waker());
+            self.shared.backlog.set_task(&cx.waker());
             self.registered = true;
         }
         if self.shared.close.is_closed() {
@@ -125,9 +126,9 @@ pub(super) struct Shared {
     pub(super) srq: Option<Arc<SharedRecv>>,
     /// Handshaken connections, or the error that ended the listener.
     tx: Sender<Result<RcConnection, ConnectError>>,
-    /// The accepting task, woken by a close, and by an `accept` that
-    /// makes room while it is held.
+    /// The accepting task, woken by a close.
     accepting: Mutex<Option<Waker>>,
+    /// Holds the accepting task while `accept` is behind.
     backlog: Backlog,
 }
 
@@ -248,9 +249,7 @@ impl zerocast_core::Listener for RcListener {
 
     fn accept_until(&self, deadline: Option<Instant>) -> Result<RcConnection, AcceptError> {
         let conn = self.shared.close.wait(&self.ready, deadline);
-        if self.shared.backlog.taken() {
-            self.shared.wake_accepting();
-        }
+        self.shared.backlog.taken();
         let conn = conn?.map_err(AcceptError::Failed)?;
         self.shared.counters.accepted();
         Ok(conn)

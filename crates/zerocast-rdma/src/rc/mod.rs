@@ -28,6 +28,7 @@ mod error;
 mod fork_tests;
 #[cfg(test)]
 mod hostile_tests;
+mod hub;
 mod listen;
 mod one_sided;
 mod oob;
@@ -68,6 +69,7 @@ use budget::{RecvBudget, Shape};
 use cm_hub::CmHub;
 use comp_hub::{CompHub, Notify};
 use engine::{Io, Receives, Sizes};
+use hub::Hub;
 use srq::{Member, SharedRecv, SrqSizes};
 
 /// The RC flavor of [`zerocast_link::Connection`].

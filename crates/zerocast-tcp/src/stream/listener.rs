@@ -9,7 +9,7 @@
 
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
@@ -17,7 +17,7 @@ use rustix::io::Errno;
 use rustix::net::{recv, send, RecvFlags, SendFlags};
 use socket2::Socket;
 use zerocast_core::{AcceptError, ConnError, ConnectError, Endpoint, LinkConfig, ListenerStats};
-use zerocast_link::engine::{Cx, Interest, Step, Task, Waker};
+use zerocast_link::engine::{Cx, Interest, Step, Task};
 use zerocast_link::{Backlog, CloseSignal, ListenerCounters};
 
 use super::handshake::HelloExchange;
@@ -57,9 +57,7 @@ struct Shared {
     local: Endpoint,
     /// Handshaken connections, or the error that ended the listener.
     tx: Sender<Result<TcpConnection, ConnectError>>,
-    /// The accepting task (once it ran), woken by an `accept` that makes
-    /// room while it is held.
-    accepting: OnceLock<Waker>,
+    /// Holds the accepting task while `accept` is behind.
     backlog: Backlog,
 }
 
@@ -82,7 +80,6 @@ impl TcpListener {
             link,
             local: local.clone(),
             tx,
-            accepting: OnceLock::new(),
             backlog: Backlog::default(),
         });
         let task = AcceptTask { sock: sock.clone(), shared: shared.clone(), paused: false };
@@ -110,11 +107,7 @@ impl zerocast_core::Listener for TcpListener {
 
     fn accept_until(&self, deadline: Option<Instant>) -> Result<TcpConnection, AcceptError> {
         let conn = self.shared.close.wait(&self.ready, deadline);
-        if self.shared.backlog.taken() {
-            if let Some(w) = self.shared.accepting.get() {
-                w.wake();
-            }
-        }
+        self.shared.backlog.taken();
         let conn = conn?.map_err(AcceptError::Failed)?;
         self.shared.counters.accepted();
         Ok(conn)
@@ -233,7 +226,7 @@ impl Task for AcceptTask {
     }
 
     fn run(&mut self, cx: &mut Cx<'_>) -> Step {
-        let _ = self.shared.accepting.set(cx.waker());
+        self.shared.backlog.set_task(&cx.waker());
         if self.shared.close.is_closed() {
             return Step::Done;
         }

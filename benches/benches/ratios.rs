@@ -16,8 +16,8 @@
 use std::time::{Duration, Instant};
 
 use zerocast_benches::{
-    bench_link, median, msgs_per_batch, round_trips, run, Baseline, BoxError, PingPong, Pipe, RawPing,
-    RawPipe, Small, TypedPipe, ZcPing, ZcPipe,
+    bench_link, median, msgs_per_batch, round_trips, run, AsyncZcPing, AsyncZcPipe, Baseline, BoxError,
+    PingPong, Pipe, RawPing, RawPipe, Small, TokioPing, TypedPipe, ZcPing, ZcPipe,
 };
 
 /// Time each side runs per round (and before the first round, to warm up).
@@ -139,6 +139,15 @@ const CASES: &[Case] = &[
     },
     // Diagnostics: where the gaps above come from.
     Case {
+        name: "async/tcp/64B",
+        what: "async (zerocast::tokio) / blocking zerocast",
+        goal: Some(0.9),
+        make: || {
+            let n = msgs_per_batch(64);
+            Ok((Box::new(AsyncZcPipe::new(64, n)?), Box::new(ZcPipe::new(TCP, 64, n)?)))
+        },
+    },
+    Case {
         name: "diag/64B/zc_vs_writev",
         what: "zerocast / socket with zerocast's writev shape",
         goal: None,
@@ -181,6 +190,12 @@ const RTT_CASES: &[RttCase] = &[
         what: "zerocast p50 / raw socket ping-pong p50",
         goal: Some(1.10),
         make: || Ok((Box::new(ZcPing::new(TCP, 64)?), Box::new(RawPing::new(64)?))),
+    },
+    RttCase {
+        name: "rtt/async/tcp/64B",
+        what: "zerocast::tokio p50 / tokio TcpStream ping-pong p50",
+        goal: Some(1.10),
+        make: || Ok((Box::new(AsyncZcPing::new(64)?), Box::new(TokioPing::new(64)?))),
     },
     #[cfg(feature = "zeromq")]
     RttCase {

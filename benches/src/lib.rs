@@ -26,6 +26,7 @@
 
 #![forbid(unsafe_code)]
 
+mod asyncs;
 mod blob;
 pub mod kv;
 mod msg;
@@ -38,6 +39,7 @@ mod zmq;
 
 use std::time::Duration;
 
+pub use asyncs::{AsyncZcPing, AsyncZcPipe, TokioPing};
 pub use blob::{Blob, TypedBytesPipe};
 pub use msg::{Bytes, Small, SmallBytes, SmallRef};
 pub use pingpong::{round_trips, PingPong, RawPing, ZcPing};

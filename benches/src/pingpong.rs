@@ -16,12 +16,19 @@ use crate::{link_for, mask, stamp, stamp_of, BoxError, RAW_PREFIX};
 pub trait PingPong {
     /// Send one message, wait for its echo; the time that took.
     fn round_trip(&mut self) -> Duration;
+
+    /// Time `n` round trips; their durations, in nanoseconds, in `out`.
+    /// An async side runs them all in one task of its runtime, as an
+    /// async application would.
+    fn round_trips(&mut self, n: usize, out: &mut Vec<u64>) {
+        out.clear();
+        out.extend((0..n).map(|_| self.round_trip().as_nanos() as u64));
+    }
 }
 
 /// Time `n` round trips; their durations, in nanoseconds, in `out`.
 pub fn round_trips(p: &mut dyn PingPong, n: usize, out: &mut Vec<u64>) {
-    out.clear();
-    out.extend((0..n).map(|_| p.round_trip().as_nanos() as u64));
+    p.round_trips(n, out);
 }
 
 /// zerocast's raw buffer API: the echo thread receives a buffer, allocates

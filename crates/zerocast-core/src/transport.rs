@@ -94,6 +94,14 @@ pub trait Listener: Send + Sync + 'static {
     fn accept(&self) -> Result<Self::Conn, AcceptError> {
         self.accept_until(None)
     }
+    /// The accept of an async task: `Ready` with the next connection (or
+    /// the listener's end) if there is one, else `Pending`, the task to be
+    /// woken when a connection is queued or the listener closes. Never
+    /// blocks.
+    fn poll_accept(
+        &self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Self::Conn, AcceptError>>;
     /// Stop accepting: a thread blocked in an accept returns
     /// [`AcceptError::Closed`], and so does every later accept. Peers
     /// connecting from now on are refused. Connections already handed out

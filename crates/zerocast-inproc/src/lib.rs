@@ -195,6 +195,7 @@ impl zerocast_core::Transport for MemTransport {
         backlog
             .try_send(MemConnection::new(s_link, ()))
             .map_err(|_| ConnectError::Refused(ep.to_string()))?;
+        shared.close.queued();
         Ok(MemConnection::new(c_link, ()))
     }
 }
@@ -289,6 +290,17 @@ impl zerocast_core::Listener for MemListener {
         let conn = self.shared.close.wait(&self.rx, deadline)?;
         self.shared.counters.accepted();
         Ok(conn)
+    }
+
+    fn poll_accept(
+        &self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<MemConnection, AcceptError>> {
+        self.shared.close.poll_wait(&self.rx, cx).map(|r| {
+            let conn = r?;
+            self.shared.counters.accepted();
+            Ok(conn)
+        })
     }
 
     fn close(&self) {

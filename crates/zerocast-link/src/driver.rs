@@ -250,8 +250,8 @@ impl Driver {
             drop(st);
             return Err(self.fail(e.into()));
         }
-        if header.credits > 0 && st.cv_waiters > 0 {
-            self.shared.credit_cv.notify_all();
+        if header.credits > 0 {
+            self.shared.wake_credit_waiters(&mut st);
         }
         match header.kind {
             FrameKind::Data => {
@@ -335,8 +335,9 @@ impl Driver {
     /// the peer went away after both goodbyes). Wakes
     /// [`crate::Link::wait_closed`].
     pub fn writer_done(&self) {
-        self.shared.lock().writer_done = true;
-        self.shared.credit_cv.notify_all();
+        let mut st = self.shared.lock();
+        st.writer_done = true;
+        self.shared.wake_credit_waiters(&mut st);
     }
 
     /// Largest payload this side accepts (for the reader's decoder).

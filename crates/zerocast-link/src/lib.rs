@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod completion;
 mod conn;
 mod driver;
 pub mod engine;
@@ -45,6 +46,7 @@ mod turn;
 mod wake_tests;
 mod wire;
 
+pub use completion::{completion, Complete, Completion};
 pub use conn::{Connection, Flavor};
 pub use driver::{Driver, Frame};
 pub use interrupt::Interrupt;

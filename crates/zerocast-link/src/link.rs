@@ -97,6 +97,37 @@ impl Link {
         self.send_inner(buf, None, 0)
     }
 
+    /// Whether a send would find credit (or an error) now, for a task:
+    /// `Ready` if the peer has a free receive buffer for us, or the
+    /// connection is closed or failed (a send then says which); otherwise
+    /// `Pending`, the task to be woken when credit comes or the connection
+    /// ends. A task whose [`Link::try_send`] returned `Full` calls this,
+    /// and tries again on `Ready`.
+    pub fn poll_credit(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let mut st = self.shared.lock();
+        if !st.credits.is_blocked() || st.failed.is_some() || st.local_closed {
+            return std::task::Poll::Ready(());
+        }
+        self.shared.fold_releases(&mut st);
+        st.add_task_waiter(cx.waker());
+        std::task::Poll::Pending
+    }
+
+    /// [`Link::wait_closed`] for a task: `Ready(true)` on a clean end,
+    /// `Ready(false)` on a failure; otherwise the task is woken when the
+    /// state moves.
+    pub fn poll_closed(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<bool> {
+        let mut st = self.shared.lock();
+        if st.failed.is_some() {
+            return std::task::Poll::Ready(false);
+        }
+        if st.writer_done && st.goodbye_sent && st.peer_closed {
+            return std::task::Poll::Ready(true);
+        }
+        st.add_task_waiter(cx.waker());
+        std::task::Poll::Pending
+    }
+
     /// Send `buf` as a data frame the backend carries in its own way, told
     /// by `tag` (see [`crate::Frame::tag`]), under the same credits and
     /// ordering as [`Link::send`]. The frame returns no credits: it may
@@ -450,7 +481,7 @@ impl Link {
         let mut st = self.shared.lock();
         if !st.local_closed {
             st.local_closed = true;
-            self.shared.credit_cv.notify_all();
+            self.shared.wake_credit_waiters(&mut st);
             self.shared.wake_writer(&mut st);
             drop(st);
             // A thread waiting for credit in the source, which a close

@@ -67,6 +67,20 @@ pub struct Backlog {
 }
 
 impl Backlog {
+    /// What an accept took from a listener's ready channel (`r`): room is
+    /// made in the backlog, a connection is counted, and the listener's own
+    /// error ends it. The accept of `tcp://` and `rc://` listeners.
+    pub fn took<C>(
+        &self,
+        counters: &ListenerCounters,
+        r: Result<Result<C, zerocast_core::ConnectError>, AcceptError>,
+    ) -> Result<C, AcceptError> {
+        self.taken();
+        let conn = r?.map_err(AcceptError::Failed)?;
+        counters.accepted();
+        Ok(conn)
+    }
+
     /// The accepting task (its waker), for [`Backlog::taken`] to wake.
     pub fn set_task(&self, task: &Waker) {
         self.task.get_or_init(|| task.clone());
@@ -120,12 +134,14 @@ pub struct CloseSignal {
     /// Dropped on close, which disconnects `rx`.
     tx: Mutex<Option<Sender<()>>>,
     rx: Receiver<()>,
+    /// Tasks waiting in [`CloseSignal::poll_wait`].
+    acceptors: Mutex<Vec<std::task::Waker>>,
 }
 
 impl Default for CloseSignal {
     fn default() -> Self {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        Self { closed: AtomicBool::new(false), tx: Mutex::new(Some(tx)), rx }
+        Self { closed: AtomicBool::new(false), tx: Mutex::new(Some(tx)), rx, acceptors: Mutex::default() }
     }
 }
 
@@ -134,7 +150,52 @@ impl CloseSignal {
     pub fn close(&self) -> bool {
         let first = !self.closed.swap(true, Ordering::SeqCst);
         drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
+        self.queued();
         first
+    }
+
+    /// A connection (or a listener's error) was queued for accept: wake
+    /// the tasks waiting in [`CloseSignal::poll_wait`]. The listener calls
+    /// it after each send to its ready channel.
+    pub fn queued(&self) {
+        let waiting = std::mem::take(&mut *self.acceptors.lock().unwrap_or_else(|p| p.into_inner()));
+        for w in waiting {
+            w.wake();
+        }
+    }
+
+    /// [`CloseSignal::wait`] for a task: the next item of `ready` if there
+    /// is one, `Closed` once closed, else `Pending` with the task to be
+    /// woken by [`CloseSignal::queued`].
+    pub fn poll_wait<T>(
+        &self,
+        ready: &Receiver<T>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<T, AcceptError>> {
+        let take = || {
+            if self.is_closed() {
+                return Some(Err(AcceptError::Closed));
+            }
+            match ready.try_recv() {
+                Ok(t) => Some(Ok(t)),
+                Err(TryRecvError::Disconnected) => Some(Err(AcceptError::Closed)),
+                Err(TryRecvError::Empty) => None,
+            }
+        };
+        if let Some(r) = take() {
+            return std::task::Poll::Ready(r);
+        }
+        {
+            let mut waiting = self.acceptors.lock().unwrap_or_else(|p| p.into_inner());
+            if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+                waiting.push(cx.waker().clone());
+            }
+        }
+        // Queued before the waker was in: found now.
+        match take() {
+            Some(r) => std::task::Poll::Ready(r),
+            None => std::task::Poll::Pending,
+        }
     }
 
     /// Whether [`CloseSignal::close`] was called.

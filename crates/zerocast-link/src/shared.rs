@@ -54,6 +54,9 @@ pub(crate) struct State {
     pub(crate) queued_data: u32,
     /// Threads waiting on `credit_cv`.
     pub(crate) cv_waiters: u32,
+    /// Tasks waiting for what wakes `credit_cv` (see
+    /// [`crate::Link::wake_on_credit`]), woken once each.
+    pub(crate) task_waiters: Vec<std::task::Waker>,
     /// Data frames the sending thread wrote itself.
     pub(crate) direct_sends: u64,
     /// A `Wake` is queued for the writer.
@@ -68,6 +71,16 @@ pub(crate) struct State {
     pub(crate) last_rx: Instant,
     /// Heartbeats on: when the writer last took a batch.
     pub(crate) last_tx: Instant,
+}
+
+impl State {
+    /// Wake `waker` with the next [`Shared::wake_credit_waiters`] (once,
+    /// however often the same task asks).
+    pub(crate) fn add_task_waiter(&mut self, waker: &std::task::Waker) {
+        if !self.task_waiters.iter().any(|w| w.will_wake(waker)) {
+            self.task_waiters.push(waker.clone());
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -161,6 +174,7 @@ impl Shared {
             queued_data: 0,
             direct_sends: 0,
             cv_waiters: 0,
+            task_waiters: Vec::new(),
             wake_queued: false,
             ended: false,
             writer_done: false,
@@ -216,6 +230,17 @@ impl Shared {
         };
         st.cv_waiters -= 1;
         st
+    }
+
+    /// Credit came, or the connection's state moved towards its end: wake
+    /// the threads on `credit_cv` and the tasks waiting for the same.
+    pub(crate) fn wake_credit_waiters(&self, st: &mut State) {
+        if st.cv_waiters > 0 {
+            self.credit_cv.notify_all();
+        }
+        for w in st.task_waiters.drain(..) {
+            w.wake();
+        }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
@@ -416,7 +441,7 @@ impl Shared {
             st.ended = true;
             let _ = self.push_delivery(Delivery::End);
         }
-        self.credit_cv.notify_all();
+        self.wake_credit_waiters(st);
         self.wake_writer(st);
     }
 }

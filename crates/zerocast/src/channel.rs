@@ -65,9 +65,12 @@ impl<T, C> fmt::Debug for Sender<T, C> {
     }
 }
 
-enum Wait {
+enum Wait<'a> {
     Now,
     Until(Option<Instant>),
+    /// For a task: never wait; `Full` once `waker` is set to be woken when
+    /// it is worth trying again.
+    Task(&'a std::task::Waker),
 }
 
 impl<T, C: Codec> Sender<T, C> {
@@ -106,13 +109,21 @@ impl<T: Serialize, C: Codec> Sender<T, C> {
         self.send_inner(msg, Wait::Until(Instant::now().checked_add(timeout)))
     }
 
-    fn send_inner(&self, msg: T, wait: Wait) -> Result<(), SendError<T>> {
+    fn send_inner(&self, msg: T, wait: Wait<'_>) -> Result<(), SendError<T>> {
         send_encoded::<T, _, _>(&self.side, &msg, wait).map_err(|e| e.map(|()| msg))
     }
 
     /// Send a message by reference (it is only serialized, never moved).
     pub fn send_ref(&self, msg: &T) -> Result<(), SendError<()>> {
         send_encoded::<T, _, _>(&self.side, msg, Wait::Until(None))
+    }
+
+    /// Send for a task: `Full` when it must wait, with `waker` set to be
+    /// woken when credit or a pool buffer comes. Nothing of the message is
+    /// sent then.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn send_or_wake(&self, msg: &T, waker: &std::task::Waker) -> Result<(), SendError<()>> {
+        send_encoded::<T, _, _>(&self.side, msg, Wait::Task(waker))
     }
 }
 
@@ -127,13 +138,23 @@ where
     pub fn send_borrowed<'a>(&self, msg: &<T as Yokeable<'a>>::Output) -> Result<(), SendError<()>> {
         send_encoded::<T, _, _>(&self.side, msg, Wait::Until(None))
     }
+
+    /// [`Sender::send_borrowed`] for a task (see `send_or_wake`).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn send_borrowed_or_wake<'a>(
+        &self,
+        msg: &<T as Yokeable<'a>>::Output,
+        waker: &std::task::Waker,
+    ) -> Result<(), SendError<()>> {
+        send_encoded::<T, _, _>(&self.side, msg, Wait::Task(waker))
+    }
 }
 
 /// Send `msg` on a channel of `T`s, after `T`'s announcement if it is due.
 fn send_encoded<T, M: Serialize + ?Sized, C: Codec>(
     side: &SendSide<C>,
     msg: &M,
-    wait: Wait,
+    wait: Wait<'_>,
 ) -> Result<(), SendError<()>> {
     if !side.announced.load(Ordering::Acquire) {
         side.announce::<T>(&wait)?;
@@ -142,9 +163,10 @@ fn send_encoded<T, M: Serialize + ?Sized, C: Codec>(
     send_buf(&side.conn, buf, &wait)
 }
 
-fn send_buf(conn: &Connection, buf: Buf, wait: &Wait) -> Result<(), SendError<()>> {
+fn send_buf(conn: &Connection, buf: Buf, wait: &Wait<'_>) -> Result<(), SendError<()>> {
     let r = match *wait {
         Wait::Now => conn.try_send(buf),
+        Wait::Task(waker) => conn.send_or_wake(buf, waker),
         Wait::Until(None) => conn.send(buf),
         Wait::Until(Some(d)) => conn.send_timeout(buf, d.saturating_duration_since(Instant::now())),
     };
@@ -158,12 +180,18 @@ impl<C: Codec> SendSide<C> {
     /// sends it holds the others back until it is out; a `try_send` that
     /// would wait for it reports the channel full.
     #[cold]
-    fn announce<T>(&self, wait: &Wait) -> Result<(), SendError<()>> {
+    fn announce<T>(&self, wait: &Wait<'_>) -> Result<(), SendError<()>> {
         let _one = match wait {
-            Wait::Now => match self.announcing.try_lock() {
+            Wait::Now | Wait::Task(_) => match self.announcing.try_lock() {
                 Ok(g) => g,
                 Err(TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(TryLockError::WouldBlock) => return Err(SendError::Full(())),
+                Err(TryLockError::WouldBlock) => {
+                    // Another clone is sending it: a task tries again soon.
+                    if let Wait::Task(waker) = wait {
+                        waker.wake_by_ref();
+                    }
+                    return Err(SendError::Full(()));
+                }
             },
             Wait::Until(_) => self.announcing.lock().unwrap_or_else(|p| p.into_inner()),
         };
@@ -186,7 +214,7 @@ impl<C: Codec> SendSide<C> {
 
     /// Serialize into a pool buffer sized by the last message's size, and
     /// again into an exact-size buffer if that was too small.
-    fn encode<M: Serialize + ?Sized>(&self, msg: &M, wait: &Wait) -> Result<Buf, SendError<()>> {
+    fn encode<M: Serialize + ?Sized>(&self, msg: &M, wait: &Wait<'_>) -> Result<Buf, SendError<()>> {
         let max = self.conn.max_message();
         let hint = self.hint.load(Ordering::Relaxed).clamp(MIN_HINT, max.max(MIN_HINT)).min(max);
         let mut buf = self.alloc(hint, wait)?;
@@ -209,10 +237,11 @@ impl<C: Codec> SendSide<C> {
         Ok(buf)
     }
 
-    fn alloc(&self, len: usize, wait: &Wait) -> Result<Buf, SendError<()>> {
+    fn alloc(&self, len: usize, wait: &Wait<'_>) -> Result<Buf, SendError<()>> {
         let conn = &self.conn;
         let r = match wait {
             Wait::Now => conn.alloc_timeout(len, Duration::ZERO),
+            Wait::Task(waker) => conn.alloc_or_wake(len, waker),
             Wait::Until(None) => conn.alloc(len),
             Wait::Until(Some(d)) => conn.alloc_timeout(len, d.saturating_duration_since(Instant::now())),
         };

@@ -209,6 +209,29 @@ impl Connection {
         each!(&self.flavor, c => c.send(buf, deadline(timeout)))
     }
 
+    /// A send buffer of `len` bytes for a task: `Exhausted` while the pool
+    /// is at its cap, with `waker` woken when a buffer of the size class is
+    /// released.
+    pub(crate) fn alloc_or_wake(&self, len: usize, waker: &std::task::Waker) -> Result<Buf, PoolError> {
+        let max = self.max_message();
+        if len > max {
+            return Err(PoolError::TooLarge { requested: len, max });
+        }
+        self.link().pool().alloc_or_wake(len, waker)
+    }
+
+    /// Send for a task: [`SendError::Full`] hands the buffer back with
+    /// `waker` to be woken when credit comes (or the connection ends).
+    pub(crate) fn send_or_wake(&self, mut buf: Buf, waker: &std::task::Waker) -> Result<(), SendError<Buf>> {
+        let mut cx = std::task::Context::from_waker(waker);
+        loop {
+            match self.try_send(buf) {
+                Err(SendError::Full(back)) if self.link().poll_credit(&mut cx).is_ready() => buf = back,
+                r => return r,
+            }
+        }
+    }
+
     /// Receive the next message. After the peer closes, buffered messages
     /// come first, then [`RecvError::Disconnected`].
     pub fn recv(&self) -> Result<RecvBuf, RecvError> {
@@ -386,6 +409,25 @@ impl Listener {
     /// the listener drops). Connections already accepted are not affected.
     pub fn close(&self) {
         each_listener!(&self.flavor, l => l.close())
+    }
+
+    /// The accept of an async task: the next connection if one is queued,
+    /// else `Pending` with the task woken when one is (or the listener
+    /// closes). Never blocks.
+    pub(crate) fn poll_accept(
+        &self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Connection, AcceptError>> {
+        use zerocast_core::Listener as _;
+        let flavor = match &self.flavor {
+            #[cfg(feature = "mem")]
+            ListenerFlavor::Mem(l) => l.poll_accept(cx).map(|r| r.map(Flavor::Mem)),
+            #[cfg(feature = "tcp")]
+            ListenerFlavor::Tcp(l) => l.poll_accept(cx).map(|r| r.map(Flavor::Tcp)),
+            #[cfg(feature = "rdma")]
+            ListenerFlavor::Rc(l) => l.poll_accept(cx).map(|r| r.map(Flavor::Rc)),
+        };
+        flavor.map(|r| r.map(|f| Connection::new(f, self.typed_check)))
     }
 
     /// Counters: connections accepted, handshakes failed, peers refused.

@@ -147,6 +147,10 @@ struct Inner {
     /// The UD transport, with its own registered pool (created on first use).
     #[cfg(feature = "rdma")]
     ud: Retry<zerocast_rdma::ud::UdTransport>,
+    /// The runtime whose tasks drive the engines, for the async API (else
+    /// each engine has a thread).
+    #[cfg(feature = "tokio")]
+    runtime: Option<::tokio::runtime::Handle>,
     /// Pools for endpoints whose `?max_payload=` is over `cfg.link`'s.
     larger_pools: Mutex<Vec<(u64, Pool)>>,
     /// RC transports for such endpoints.
@@ -196,9 +200,25 @@ impl Zerocast {
 
     /// The given settings.
     pub fn with_config(cfg: Config) -> Self {
+        Self::make(
+            cfg,
+            #[cfg(feature = "tokio")]
+            None,
+        )
+    }
+
+    /// A context whose engines are tasks on `runtime` (the async API's).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn on_runtime(cfg: Config, runtime: ::tokio::runtime::Handle) -> Self {
+        Self::make(cfg, Some(runtime))
+    }
+
+    fn make(cfg: Config, #[cfg(feature = "tokio")] runtime: Option<::tokio::runtime::Handle>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 cfg,
+                #[cfg(feature = "tokio")]
+                runtime,
                 pool: Retry::new(),
                 #[cfg(any(feature = "tcp", feature = "mem"))]
                 engines: Retry::new(),
@@ -247,6 +267,39 @@ impl Zerocast {
         Ok(Connection::new(flavor, self.inner.cfg.typed_check))
     }
 
+    /// [`Zerocast::connect`] for a task, to a resolved endpoint: on
+    /// `tcp://` the connect and handshake are an engine task; `mem://`
+    /// connects without waiting anyway. rdma_cm's connect still waits for
+    /// its events on the calling thread, so `rc://` runs it on the
+    /// runtime's blocking pool.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn connect_async(&self, ep: &Endpoint) -> Result<Connection, ConnectError> {
+        let flavor = match ep.scheme() {
+            #[cfg(feature = "tcp")]
+            Scheme::Tcp => {
+                let addrs = lookup(ep).await?;
+                let started = self.tcp(ep)?.connect_nonblocking(ep, addrs)?;
+                let gone = || ConnectError::Transport {
+                    kind: ErrorKind::LocalResource,
+                    source: "the engine stopped before the connection was made".into(),
+                };
+                Flavor::Tcp(started.await.ok_or_else(gone)??)
+            }
+            #[cfg(feature = "rdma")]
+            Scheme::Rc | Scheme::RcOob => {
+                let (zc, at) = (self.clone(), ep.clone());
+                let connect = move || zerocast_core::Transport::connect(&zc.rc_for(&at)?, &at);
+                let joined = ::tokio::task::spawn_blocking(connect).await;
+                Flavor::Rc(joined.map_err(|e| ConnectError::Transport {
+                    kind: ErrorKind::LocalResource,
+                    source: format!("the connecting task failed: {e}").into(),
+                })??)
+            }
+            _ => return self.connect(&ep.to_string()),
+        };
+        Ok(Connection::new(flavor, self.inner.cfg.typed_check))
+    }
+
     /// Listen at `uri`. Port 0 picks a free port: see [`Listener::local_endpoint`].
     pub fn listen(&self, uri: &str) -> Result<Listener, ConnectError> {
         let ep = self.resolve(&Endpoint::parse(uri)?)?;
@@ -291,7 +344,7 @@ impl Zerocast {
     }
 
     #[cfg(feature = "tcp")]
-    fn tcp(&self, ep: &Endpoint) -> Result<zerocast_tcp::TcpTransport, ConnectError> {
+    pub(crate) fn tcp(&self, ep: &Endpoint) -> Result<zerocast_tcp::TcpTransport, ConnectError> {
         let cfg = self.inner.cfg.tcp.clone().with_link(self.inner.cfg.link);
         zerocast_tcp::TcpTransport::with_engines(
             self.pool_for(self.max_payload_of(ep)?)?,
@@ -302,10 +355,21 @@ impl Zerocast {
 
     /// The engines connections run on.
     #[cfg(any(feature = "tcp", feature = "mem"))]
-    fn engines(&self) -> Result<zerocast_link::engine::Engines, ConnectError> {
+    pub(crate) fn engines(&self) -> Result<zerocast_link::engine::Engines, ConnectError> {
+        let failed =
+            |e: std::io::Error| ConnectError::Transport { kind: ErrorKind::LocalResource, source: e.into() };
         self.inner.engines.get_or_try(|| {
-            zerocast_link::engine::Engines::start("zerocast-engine", self.inner.cfg.engines)
-                .map_err(|e| ConnectError::Transport { kind: ErrorKind::LocalResource, source: e.into() })
+            #[cfg(feature = "tokio")]
+            if let Some(rt) = &self.inner.runtime {
+                let (engines, progress) =
+                    zerocast_link::engine::Engines::detached("zerocast-engine", self.inner.cfg.engines)
+                        .map_err(failed)?;
+                for p in progress {
+                    rt.spawn(crate::tokio::drive(p));
+                }
+                return Ok(engines);
+            }
+            zerocast_link::engine::Engines::start("zerocast-engine", self.inner.cfg.engines).map_err(failed)
         })
     }
 
@@ -396,6 +460,22 @@ fn larger_pool(base: &PoolConfig, max_payload: u64) -> PoolConfig {
     pc.classes.push(max);
     pc.max_bytes = pc.max_bytes.max(max.saturating_mul(4));
     pc
+}
+
+/// `ep`'s addresses: parsed when it names an address, else looked up by
+/// the runtime (on its blocking pool, as `getaddrinfo` blocks).
+#[cfg(all(feature = "tokio", feature = "tcp"))]
+async fn lookup(ep: &Endpoint) -> Result<Vec<std::net::SocketAddr>, ConnectError> {
+    let authority = ep.authority();
+    if let Ok(addr) = authority.parse() {
+        return Ok(vec![addr]);
+    }
+    let io_err = |source| ConnectError::Io { endpoint: ep.to_string(), source };
+    let addrs: Vec<_> = ::tokio::net::lookup_host(authority).await.map_err(io_err)?.collect();
+    if addrs.is_empty() {
+        return Err(io_err(std::io::Error::new(std::io::ErrorKind::NotFound, "no address")));
+    }
+    Ok(addrs)
 }
 
 /// The list used when `ZEROCAST_TRANSPORTS` is unset. `rc` comes first so

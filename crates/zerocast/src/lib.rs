@@ -49,6 +49,8 @@ mod context;
 pub mod datagram;
 mod error;
 mod poller;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 mod typecheck;
 
 pub use borrow::Guard;

@@ -360,6 +360,18 @@ impl Engines {
         Ok(Engines { all: all.into(), next: Arc::default() })
     }
 
+    /// `n` engines (at least one) with no threads of their own, and the
+    /// [`Progress`] of each, for another event loop to drive (an async
+    /// runtime's task per engine, say).
+    pub fn detached(name: &str, n: usize) -> io::Result<(Engines, Vec<Progress>)> {
+        let (all, progress): (Vec<_>, Vec<_>) = (0..n.max(1))
+            .map(|i| Engine::detached(&format!("{name}-{i}")))
+            .collect::<io::Result<Vec<_>>>()?
+            .into_iter()
+            .unzip();
+        Ok((Engines { all: all.into(), next: Arc::default() }, progress))
+    }
+
     /// The engine the next piece of work goes to.
     pub fn pick(&self) -> &Engine {
         self.get(self.pick_index())

@@ -57,7 +57,6 @@ pub(super) struct Runner {
     /// Swapped with the shared wake-up list every turn, so neither grows
     /// again once warm.
     tokens: Vec<u64>,
-    events: Box<[Event; EVENTS]>,
 }
 
 /// The engine's own thread: turns until no handle and no task is left.
@@ -74,7 +73,6 @@ pub(super) fn run(inner: Arc<Inner>) {
 
 impl Runner {
     pub(super) fn new(inner: Arc<Inner>) -> Runner {
-        let empty = Event { flags: EventFlags::empty(), data: EventData::new_u64(0) };
         Runner {
             inner,
             slots: Slab::new(),
@@ -83,7 +81,6 @@ impl Runner {
             turn: 0,
             spawned: Vec::new(),
             tokens: Vec::new(),
-            events: Box::new([empty; EVENTS]),
         }
     }
 
@@ -109,16 +106,20 @@ impl Runner {
     pub(super) fn turn(&mut self, timeout: Option<std::time::Duration>) -> std::io::Result<usize> {
         let timeout =
             timeout.map(|d| Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) });
-        let n = match epoll::wait(&self.inner.epoll, &mut *self.events, timeout.as_ref()) {
-            Ok(n) => n,
-            Err(Errno::INTR) => 0,
+        // On the stack, uninitialised (free to make): an event record
+        // holds a pointer-sized union, which would keep a runner that held
+        // them from moving to another thread, as a detached engine's does.
+        let mut events = [std::mem::MaybeUninit::<Event>::uninit(); EVENTS];
+        let events: &[Event] = match epoll::wait(&self.inner.epoll, &mut events[..], timeout.as_ref()) {
+            Ok((ready, _)) => ready,
+            Err(Errno::INTR) => &[],
             Err(e) => return Err(e.into()),
         };
+        let n = events.len();
         self.turn += 1;
         let now = Instant::now();
         let mut woke = false;
-        for i in 0..n {
-            let ev = self.events[i];
+        for &ev in events {
             let token = ev.data.u64();
             if token == WAKE {
                 woke = true;

@@ -138,12 +138,14 @@ impl Shared {
     pub(super) fn deliver(&self, conn: RcConnection) {
         if !self.close.is_closed() {
             let _ = self.tx.send(Ok(conn));
+            self.close.queued();
         }
     }
 
     /// The listener itself failed: `accept` reports it.
     pub(super) fn fatal(&self, err: ConnectError) {
         let _ = self.tx.send(Err(err));
+        self.close.queued();
     }
 
     /// Whether `accept` is behind by [`BACKLOG`] connections.
@@ -248,11 +250,17 @@ impl zerocast_core::Listener for RcListener {
     type Conn = RcConnection;
 
     fn accept_until(&self, deadline: Option<Instant>) -> Result<RcConnection, AcceptError> {
-        let conn = self.shared.close.wait(&self.ready, deadline);
-        self.shared.backlog.taken();
-        let conn = conn?.map_err(AcceptError::Failed)?;
-        self.shared.counters.accepted();
-        Ok(conn)
+        self.shared.backlog.took(&self.shared.counters, self.shared.close.wait(&self.ready, deadline))
+    }
+
+    fn poll_accept(
+        &self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<RcConnection, AcceptError>> {
+        self.shared
+            .close
+            .poll_wait(&self.ready, cx)
+            .map(|r| self.shared.backlog.took(&self.shared.counters, r))
     }
 
     fn close(&self) {

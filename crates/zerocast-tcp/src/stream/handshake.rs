@@ -5,6 +5,8 @@
 use std::io::{Read, Write};
 use std::time::Instant;
 
+use rustix::io::Errno;
+use rustix::net::{recv, send, RecvFlags, SendFlags};
 use socket2::Socket;
 use zerocast_core::handshake::HELLO_LEN;
 use zerocast_core::{ConnError, FrameKind, HandshakeError, Header, Hello, HEADER_LEN};
@@ -56,6 +58,31 @@ impl HelloExchange {
             if h.kind != FrameKind::Control || h.len != HELLO_LEN as u64 {
                 let msg = format!("expected a {HELLO_LEN}-byte control frame, got {h:?}");
                 return Err(HandshakeError::Frame(msg).into());
+            }
+        }
+        self.result()
+    }
+
+    /// Move the exchange on over a non-blocking socket, without waiting;
+    /// `Some` once the peer's hello is in. What the peer sent is read
+    /// first, so junk fails before anything is sent.
+    pub(super) fn advance(&mut self, sock: &Socket) -> Result<Option<Hello>, ConnError> {
+        while !self.recv_buf().is_empty() {
+            match recv(sock, self.recv_buf(), RecvFlags::DONTWAIT) {
+                Ok((n, _)) => {
+                    self.received(n)?;
+                }
+                Err(Errno::INTR) => {}
+                Err(Errno::AGAIN) => break,
+                Err(e) => return Err(std::io::Error::from(e).into()),
+            }
+        }
+        while !self.to_send().is_empty() {
+            match send(sock, self.to_send(), SendFlags::DONTWAIT | SendFlags::NOSIGNAL) {
+                Ok(n) => self.sent(n),
+                Err(Errno::INTR) => {}
+                Err(Errno::AGAIN) => break,
+                Err(e) => return Err(std::io::Error::from(e).into()),
             }
         }
         self.result()

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use rustix::io::Errno;
-use rustix::net::{recv, send, RecvFlags, SendFlags};
 use socket2::Socket;
 use zerocast_core::{AcceptError, ConnError, ConnectError, Endpoint, LinkConfig, ListenerStats};
 use zerocast_link::engine::{Cx, Interest, Step, Task};
@@ -106,11 +105,17 @@ impl zerocast_core::Listener for TcpListener {
     type Conn = TcpConnection;
 
     fn accept_until(&self, deadline: Option<Instant>) -> Result<TcpConnection, AcceptError> {
-        let conn = self.shared.close.wait(&self.ready, deadline);
-        self.shared.backlog.taken();
-        let conn = conn?.map_err(AcceptError::Failed)?;
-        self.shared.counters.accepted();
-        Ok(conn)
+        self.shared.backlog.took(&self.shared.counters, self.shared.close.wait(&self.ready, deadline))
+    }
+
+    fn poll_accept(
+        &self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<TcpConnection, AcceptError>> {
+        self.shared
+            .close
+            .poll_wait(&self.ready, cx)
+            .map(|r| self.shared.backlog.took(&self.shared.counters, r))
     }
 
     fn close(&self) {
@@ -205,6 +210,7 @@ impl AcceptTask {
                         AcceptFailure::Fatal => {
                             let err = ConnectError::Io { endpoint: shared.local.to_string(), source: e };
                             let _ = shared.tx.send(Err(err));
+                            shared.close.queued();
                             return false;
                         }
                     },
@@ -269,33 +275,6 @@ impl HelloTask {
         let deadline = now + transport.config().handshake_timeout;
         Self { sock: Arc::new(sock), hs: HelloExchange::new(&hello), addr, shared, deadline, link }
     }
-
-    /// Move the exchange on; `Some` once the peer's hello is in. What the
-    /// peer sent is read first, so junk fails before anything is sent.
-    fn advance(&mut self) -> Result<Option<zerocast_core::Hello>, ConnError> {
-        loop {
-            if self.hs.recv_buf().is_empty() {
-                break;
-            }
-            match recv(&*self.sock, self.hs.recv_buf(), RecvFlags::DONTWAIT) {
-                Ok((n, _)) => {
-                    self.hs.received(n)?;
-                }
-                Err(Errno::INTR) => {}
-                Err(Errno::AGAIN) => break,
-                Err(e) => return Err(std::io::Error::from(e).into()),
-            }
-        }
-        while !self.hs.to_send().is_empty() {
-            match send(&*self.sock, self.hs.to_send(), SendFlags::DONTWAIT | SendFlags::NOSIGNAL) {
-                Ok(n) => self.hs.sent(n),
-                Err(Errno::INTR) => {}
-                Err(Errno::AGAIN) => break,
-                Err(e) => return Err(std::io::Error::from(e).into()),
-            }
-        }
-        self.hs.result()
-    }
 }
 
 impl Task for HelloTask {
@@ -308,7 +287,7 @@ impl Task for HelloTask {
             task.shared.counters.handshake_failed(&Peer(task.addr), e);
             Step::Done
         };
-        let hello = match self.advance() {
+        let hello = match self.hs.advance(&self.sock) {
             Ok(Some(hello)) => hello,
             Ok(None) if cx.now() >= self.deadline => {
                 return failed(self, &ConnError::TimedOut("the peer did not complete the handshake"));
@@ -332,6 +311,7 @@ impl Task for HelloTask {
                     // The listener is gone: the connection closes.
                     return Step::Done;
                 }
+                self.shared.close.queued();
                 Step::Replace(Box::new(task))
             }
             Err(e) => failed(self, &e),

@@ -1,5 +1,6 @@
 //! `tcp://`: reliable, ordered connections over TCP.
 
+mod connect;
 mod handshake;
 mod listener;
 mod reader;
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use zerocast_core::{Caps, ConnectError, Endpoint, ErrorKind, Hello, LinkConfig, Scheme};
 use zerocast_link::engine::Engines;
-use zerocast_link::{Flavor, LinkSetup};
+use zerocast_link::{Completion, Flavor, LinkSetup};
 use zerocast_mem::{Pool, PoolConfig};
 
 use task::ConnTask;
@@ -179,6 +180,29 @@ impl TcpTransport {
     fn hello(&self, link: &LinkConfig) -> Hello {
         let buf_size = self.pool.class_for(link.max_payload as usize).unwrap_or(0);
         zerocast_link::hello_for(link, buf_size)
+    }
+
+    /// Connect to `ep` at `addrs` (the caller resolved its name) without
+    /// waiting: `connect(2)` and the hello exchange run as a task on the
+    /// engine, by [`TcpConfig::handshake_timeout`] per address, trying
+    /// each address in turn, and the returned future yields the
+    /// connection. Dropping the future abandons the attempt. The `async`
+    /// API connects this way.
+    pub fn connect_nonblocking(
+        &self,
+        ep: &Endpoint,
+        addrs: Vec<SocketAddr>,
+    ) -> Result<Completion<Result<TcpConnection, ConnectError>>, ConnectError> {
+        check_scheme(ep)?;
+        let link = self.link_config(ep)?;
+        let (done, result) = zerocast_link::completion();
+        match connect::ConnectTask::start(self.clone(), ep.clone(), link, addrs, done, None) {
+            Ok(task) => self.engines.pick().register(Box::new(task)),
+            Err((done, e)) => {
+                let _ = done.complete(Err(e));
+            }
+        }
+        Ok(result)
     }
 
     /// A connected socket: the handshake on this thread, then the

@@ -60,6 +60,9 @@ pub(super) struct Attention {
     starved: AtomicBool,
     /// The engine task's wake, for the pool.
     waker: OnceLock<std::task::Waker>,
+    /// The engine's epoll just said the socket is readable: the next pump
+    /// reads at once instead of asking poll(2) first.
+    readable: AtomicBool,
 }
 
 fn epoch() -> Instant {
@@ -83,6 +86,15 @@ impl Attention {
     /// Whether a payload waits for a pool buffer.
     pub(super) fn starved(&self) -> bool {
         self.starved.load(Ordering::Relaxed)
+    }
+
+    /// The engine saw the socket readable; its pump follows.
+    pub(super) fn readable(&self) {
+        self.readable.store(true, Ordering::Relaxed);
+    }
+
+    fn take_readable(&self) -> bool {
+        self.readable.load(Ordering::Relaxed) && self.readable.swap(false, Ordering::Relaxed)
     }
 
     /// The engine task's wake (set once, at its first run).
@@ -223,6 +235,7 @@ impl Source for Reader {
                 // (spinning on reads slows the stream it waits for). It
                 // costs a round trip one system call when something came.
                 let ready = match until {
+                    None if self.attention.take_readable() => true,
                     Some(_) => {
                         self.note_stall();
                         self.wait(driver, until)

@@ -117,6 +117,9 @@ impl Task for ConnTask {
             // for a payload waiting for a buffer.
             let buffer_back = cx.woken() && self.attention.starved();
             if tick || buffer_back || ((cx.readable() || handed_back) && !self.driver.reader_claimed()) {
+                if cx.readable() {
+                    self.attention.readable();
+                }
                 self.pump();
             }
         }

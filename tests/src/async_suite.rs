@@ -36,15 +36,26 @@ impl AsyncTransport {
         F: FnOnce(AsyncTransport) -> Fut,
         Fut: Future<Output = ()>,
     {
+        let cfg = Config::default().with_link(LinkConfig::default().with_recv_window(window));
+        Self::run_with(listen_uri, cfg, test);
+    }
+
+    /// [`AsyncTransport::run`] with settings of the caller's.
+    pub fn run_with<F, Fut>(listen_uri: &'static str, cfg: Config, test: F)
+    where
+        F: FnOnce(AsyncTransport) -> Fut,
+        Fut: Future<Output = ()>,
+    {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .expect("runtime");
         rt.block_on(async {
-            let cfg = Config::default().with_link(LinkConfig::default().with_recv_window(window));
             let t = AsyncTransport { zc: Zerocast::with_config(cfg), listen_uri };
+            let start = Instant::now();
             tokio::time::timeout(Duration::from_secs(300), test(t)).await.expect("the test hung");
+            println!("{listen_uri}: {:?}", start.elapsed());
         });
     }
 
@@ -63,9 +74,19 @@ impl AsyncTransport {
         (client.expect("connect"), server.expect("accept"))
     }
 
+    /// The pool this transport's buffers come from: RC's own registered
+    /// one for `rc://` and `rc+oob://`, the context's otherwise.
+    pub fn pool(&self) -> zerocast::Pool {
+        #[cfg(feature = "rdma")]
+        if self.listen_uri.starts_with("rc") {
+            return self.zc.blocking().rc().expect("rc transport").pool().clone();
+        }
+        self.zc.blocking().pool().expect("pool")
+    }
+
     /// Wait until every pool buffer is back, or fail.
     pub async fn assert_pool_drained(&self) {
-        let pool = self.zc.blocking().pool().expect("pool");
+        let pool = self.pool();
         let start = Instant::now();
         loop {
             let s = pool.stats();
@@ -252,8 +273,8 @@ pub async fn typed_roundtrip(t: AsyncTransport) {
 /// window).
 pub async fn borrowed_receive(t: AsyncTransport, window: u32) {
     let (client, server) = t.pair().await;
-    let (_s, rx) = server.split::<(), Record<'static>>();
-    let (tx, _r) = client.split::<Record<'static>, ()>();
+    let (server_tx, rx) = server.split::<(), Record<'static>>();
+    let (tx, client_rx) = client.split::<Record<'static>, ()>();
     let payload = vec![7u8; 3000];
     for n in 0..(3 * u64::from(window)) {
         let key = format!("key-{n}");
@@ -266,7 +287,9 @@ pub async fn borrowed_receive(t: AsyncTransport, window: u32) {
         assert!(range.contains(&rec.key.as_ptr()), "key is borrowed from the receive buffer");
         assert!(range.contains(&rec.value.as_ptr()), "value is borrowed from the receive buffer");
     }
-    drop((tx, rx));
+    // Every handle gone: the connection ends, and on RDMA its posted
+    // receive buffers go back too.
+    drop((tx, rx, server_tx, client_rx));
     t.assert_pool_drained().await;
 }
 
@@ -454,8 +477,8 @@ pub async fn cancelled_receives_lose_nothing(t: AsyncTransport, n: u64) {
 /// accounted for at the end.
 pub async fn cancelled_sends_half_send_nothing(t: AsyncTransport, n: u64) {
     let (client, server) = t.pair().await;
-    let (tx, _r) = client.split::<(u64, Vec<u8>), ()>();
-    let (_s, rx) = server.split::<(), (u64, Vec<u8>)>();
+    let (tx, client_rx) = client.split::<(u64, Vec<u8>), ()>();
+    let (server_tx, rx) = server.split::<(), (u64, Vec<u8>)>();
     let reader = tokio::spawn(async move {
         let mut next = 0u64;
         while let Ok((seq, body)) = rx.recv().await {
@@ -484,6 +507,7 @@ pub async fn cancelled_sends_half_send_nothing(t: AsyncTransport, n: u64) {
     assert_eq!(reader.await.expect("reader"), n);
     assert!(dropped > 0, "no send was dropped: the test did not test");
     println!("{n} messages, {dropped} sends dropped");
+    drop((client_rx, server_tx));
     t.assert_pool_drained().await;
 }
 

@@ -15,6 +15,7 @@ pub mod direct_io;
 pub mod failure;
 pub mod idle;
 pub mod many;
+pub mod many_async;
 pub mod process;
 pub mod raw_tcp;
 pub mod readiness;

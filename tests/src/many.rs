@@ -43,6 +43,31 @@ pub const TCP: Spec = Spec {
     msg_len: |_| MSG_LEN,
 };
 
+/// `rc://` at the RDMA device's address (`ZEROCAST_RDMA_ADDR`), at default
+/// settings but for [`rc_config`], with messages of 64 B to 60 KB (eager
+/// or rendezvous, as each end's receive shape decides).
+#[cfg(feature = "rdma")]
+pub const RC: Spec = Spec {
+    listen: || {
+        let addr = std::env::var("ZEROCAST_RDMA_ADDR").unwrap_or_else(|_| "10.0.2.15".to_owned());
+        format!("rc://{addr}:0")
+    },
+    zerocast: || Zerocast::with_config(rc_config()),
+    // None: completion events come through the engine's one completion
+    // channel, which rings a sleeping receiver's own eventfd (one per
+    // thread, not per connection), and rdma_cm events through the
+    // transport's one event channel.
+    fds_per_conn: 0,
+    msg_len: |i| [64, 2_000, 20_000, 60_000][i % 4],
+};
+
+/// The defaults with `rnr_retry` 0: an RNR fails the connection instead of
+/// being retried away.
+#[cfg(feature = "rdma")]
+pub fn rc_config() -> zerocast::Config {
+    zerocast::Config::default().with_rc(zerocast::rdma::RcConfig::default().with_rnr_retry(0))
+}
+
 /// The `tcp://` transport's I/O threads in a process: the default
 /// transport runs one engine thread that drives every connection and every
 /// listener handshake.
@@ -89,7 +114,7 @@ const SPARE_FDS: u64 = 1_000;
 
 /// How long any one step (an accept, a send, a receive) may take before the
 /// test gives up on it.
-const STEP: Duration = Duration::from_secs(30);
+pub const STEP: Duration = Duration::from_secs(30);
 
 /// The environment variable that makes a test binary the client process:
 /// "ENDPOINT N".
@@ -123,6 +148,54 @@ pub struct Clients {
 }
 
 impl Clients {
+    /// Start the client process (this binary's test `test_name`, which
+    /// must call [`client_role`] first) for `n` connections to `at`.
+    pub fn start(spec: &Spec, at: &str, test_name: &str, n: usize) -> Clients {
+        process::raise_open_files(n as u64 * spec.fds_per_conn + SPARE_FDS);
+        let mut child = Command::new(std::env::current_exe().expect("the test binary"))
+            .args(["--exact", test_name, "--include-ignored", "--nocapture", "--test-threads=1"])
+            .env(CLIENT_ENV, format!("{at} {n}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting the client process");
+        let stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
+        Clients { child, stdout }
+    }
+
+    /// Wait until the client process has checked every echo: its times to
+    /// open the connections and to exchange the messages. `None` if it
+    /// ended first.
+    pub fn wait_ready(&mut self) -> Option<(Duration, Duration)> {
+        let times = loop {
+            let Some(Ok(line)) = self.stdout.next() else { return None };
+            // libtest may have written "test NAME ... " before it.
+            match line.split_once(READY) {
+                Some((_, times)) => break times.to_owned(),
+                None => println!("client process: {line}"),
+            }
+        };
+        let us: Vec<u64> = times.split_whitespace().map(|t| t.parse().expect("a time in µs")).collect();
+        Some((Duration::from_micros(us[0]), Duration::from_micros(us[1])))
+    }
+
+    /// The client process ended before it was ready: fail with its status.
+    pub fn ended_early(&mut self) -> ! {
+        let status = self.child.wait().expect("waiting for the client process");
+        panic!("the client process ended before all echoes were checked: {status}");
+    }
+
+    /// Let the client process close its connections and end; it must end
+    /// well.
+    pub fn finish(mut self) {
+        drop(self.child.stdin.take());
+        for line in self.stdout.by_ref().map_while(Result::ok) {
+            println!("client process: {line}");
+        }
+        let status = self.child.wait().expect("waiting for the client process");
+        assert!(status.success(), "the client process failed: {status}");
+    }
+
     /// Its process, to measure.
     pub fn proc(&self) -> process::Proc {
         process::Proc::pid(self.child.id())
@@ -132,13 +205,10 @@ impl Clients {
 impl Opened {
     /// Let the client process close its connections and end; it must end
     /// well.
-    pub fn finish(mut self) {
-        drop(self.clients.child.stdin.take());
-        for line in self.clients.stdout.by_ref().map_while(Result::ok) {
-            println!("client process: {line}");
-        }
-        let status = self.clients.child.wait().expect("waiting for the client process");
-        assert!(status.success(), "the client process failed: {status}");
+    pub fn finish(self) {
+        let Opened { clients, servers, listener, .. } = self;
+        clients.finish();
+        drop((servers, listener));
     }
 }
 
@@ -177,44 +247,25 @@ pub fn open_and_echo(
     n: usize,
     accepted: impl FnMut(usize) + Send,
 ) -> Opened {
-    process::raise_open_files(n as u64 * spec.fds_per_conn + SPARE_FDS);
     let listener = zc.listen(&(spec.listen)()).expect("listen");
     let at = listener.local_endpoint().to_string();
-    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
-        .args(["--exact", test_name, "--include-ignored", "--nocapture", "--test-threads=1"])
-        .env(CLIENT_ENV, format!("{at} {n}"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("starting the client process");
-    let stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
-    let mut clients = Clients { child, stdout };
-    let (servers, times) = thread::scope(|s| {
+    let mut clients = Clients::start(spec, &at, test_name, n);
+    let (servers, (open_time, echo_time)) = thread::scope(|s| {
         let server = s.spawn(|| serve(&listener, n, accepted));
         let _close = CloseOnPanic(&listener);
-        let times = loop {
-            let Some(Ok(line)) = clients.stdout.next() else {
-                // Whichever side failed first is the cause: the server
-                // thread if it has ended, else the client process (whose
-                // error is on stderr, above).
-                let server_first = server.is_finished();
-                listener.close();
-                if let (true, Err(panic)) = (server_first, server.join()) {
-                    std::panic::resume_unwind(panic);
-                }
-                let status = clients.child.wait().expect("waiting for the client process");
-                panic!("the client process ended before all echoes were checked: {status}");
-            };
-            // libtest may have written "test NAME ... " before it.
-            match line.split_once(READY) {
-                Some((_, times)) => break times.to_owned(),
-                None => println!("client process: {line}"),
+        let Some(times) = clients.wait_ready() else {
+            // Whichever side failed first is the cause: the server thread
+            // if it has ended, else the client process (whose error is on
+            // stderr, above).
+            let server_first = server.is_finished();
+            listener.close();
+            if let (true, Err(panic)) = (server_first, server.join()) {
+                std::panic::resume_unwind(panic);
             }
+            clients.ended_early();
         };
         (server.join().expect("the server thread panicked"), times)
     });
-    let us: Vec<u64> = times.split_whitespace().map(|t| t.parse().expect("a time in µs")).collect();
-    let (open_time, echo_time) = (Duration::from_micros(us[0]), Duration::from_micros(us[1]));
     Opened { listener, servers, clients, open_time, echo_time }
 }
 

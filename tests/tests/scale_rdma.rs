@@ -15,9 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use zerocast::rdma::RcConfig;
-use zerocast::{Config, Zerocast};
-use zerocast_tests::many::{self, Spec, ENGINES, OTHERS};
+use zerocast_tests::many::{self, ENGINES, OTHERS, RC as SPEC};
 use zerocast_tests::process::Proc;
 
 /// Connections open at the same time.
@@ -26,20 +24,6 @@ const CONNS: usize = 1_000;
 /// Descriptors a process holds whatever its connections: the device, the
 /// engine's epoll and wakeup, event channels, the listener, pipes, libtest.
 const FIXED_FDS: usize = 100;
-
-const SPEC: Spec = Spec {
-    listen: || {
-        let addr = std::env::var("ZEROCAST_RDMA_ADDR").unwrap_or_else(|_| "10.0.2.15".to_owned());
-        format!("rc://{addr}:0")
-    },
-    zerocast: || Zerocast::with_config(Config::default().with_rc(RcConfig::default().with_rnr_retry(0))),
-    // None: completion events come through the engine's one completion
-    // channel, which rings a sleeping receiver's own eventfd (one per
-    // thread, not per connection), and rdma_cm events through the
-    // transport's one event channel.
-    fds_per_conn: 0,
-    msg_len: |i| [64, 2_000, 20_000, 60_000][i % 4],
-};
 
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]

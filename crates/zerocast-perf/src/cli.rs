@@ -91,6 +91,11 @@ struct Opts {
     /// threads on the CQ); event blocks.
     #[arg(long, value_enum, default_value_t = Poll::Event)]
     poll: Poll,
+    /// Use the async API (zerocast::tokio) at both ends, each on a
+    /// current-thread tokio runtime that also runs the engines (raw
+    /// buffers, event mode).
+    #[arg(long = "async")]
+    async_api: bool,
     /// Print the results as one JSON document instead of tables.
     #[arg(long)]
     json: bool,
@@ -281,6 +286,7 @@ fn plan(mode: Mode, opts: &Opts) -> anyhow::Result<Vec<Vec<Spec>>> {
                     window: capped_window(inflight, size),
                     typed: opts.typed,
                     poll: opts.poll,
+                    async_api: opts.async_api,
                     post_list: opts.post_list,
                 };
                 spec.validate()?;
@@ -307,6 +313,7 @@ fn client(mode: Mode, opts: &Opts, host: &str, port: u16, plan: &[Vec<Spec>]) ->
             transport: first.transport.to_string(),
             typed: opts.typed,
             poll: opts.poll.as_str(),
+            async_api: opts.async_api,
             inflight,
             clock: (mode == Mode::Lat).then(|| opts.clock.as_str()),
             results: Vec::new(),

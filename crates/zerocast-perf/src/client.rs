@@ -8,6 +8,7 @@ use zerocast::{Receiver, Scheme, Sender, Zerocast};
 
 use crate::clock::{ClockKind, SampleClock};
 use crate::data::{context_for, DataPath};
+use crate::open::Opener;
 use crate::progress::Progress;
 use crate::report::Row;
 use crate::spec::{Ctl, Mode, ServerReport, Spec};
@@ -75,9 +76,7 @@ impl Session {
     }
 
     fn connection(&self, spec: &Spec, uri: &str, progress: &Progress) -> anyhow::Result<Row> {
-        let zc = context_for(spec);
-        let conn = zc.connect(uri).with_context(|| format!("cannot open the data connection to {uri}"))?;
-        let dp = DataPath::new(conn, spec);
+        let dp = Opener::for_spec(spec)?.connect(uri, spec)?;
         match spec.mode {
             Mode::Lat => self.lat(&dp, spec, progress),
             Mode::Bw | Mode::Rate => self.bw(&dp, spec, progress),

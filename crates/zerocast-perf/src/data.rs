@@ -1,8 +1,11 @@
 //! The data path of a test: one message out, one message in, raw or typed,
 //! spinning or blocking, on a connection shaped for the test.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 use std::time::Duration;
+
+use tokio::runtime::Runtime;
 
 use anyhow::{anyhow, bail};
 use serde::{Deserialize, Serialize, Serializer};
@@ -31,6 +34,11 @@ fn as_bytes<S: Serializer>(data: &&[u8], s: S) -> Result<S::Ok, S::Error> {
 /// A zerocast context for one test: the window, payload limit, pool and
 /// (RDMA) completion mode the spec asks for.
 pub(crate) fn context_for(spec: &Spec) -> Zerocast {
+    Zerocast::with_config(config_for(spec))
+}
+
+/// The settings of [`context_for`].
+pub(crate) fn config_for(spec: &Spec) -> Config {
     let max_payload = spec.max_payload();
     let link = LinkConfig::default().with_recv_window(spec.window).with_max_payload(max_payload as u64);
     // The default classes stay: datagram sockets need one of 64 KiB.
@@ -57,7 +65,7 @@ pub(crate) fn context_for(spec: &Spec) -> Zerocast {
         };
         cfg = cfg.with_rc(RcConfig::default().with_completion(mode));
     }
-    Zerocast::with_config(cfg)
+    cfg
 }
 
 /// Where a received message's sequence number is: the first up-to-8 bytes.
@@ -94,6 +102,9 @@ fn seq_mask(size: usize) -> u64 {
 pub(crate) enum Io {
     Raw(Connection),
     Typed(Sender<Chunk<'static>>, Receiver<Chunk<'static>>),
+    /// The async API, each call run to its end on the runtime (a current
+    /// thread one, which runs the engines while this thread waits in it).
+    Async(Rc<Runtime>, zerocast::tokio::Connection),
 }
 
 /// A received message: its sequence number (masked to what its size holds)
@@ -113,6 +124,7 @@ pub(crate) struct DataPath {
     mask: u64,
     /// The next message's buffer, taken ahead (see [`DataPath::prepare`]).
     spare: RefCell<Option<Buf>>,
+    closed: Cell<bool>,
 }
 
 impl DataPath {
@@ -129,6 +141,19 @@ impl DataPath {
             busy: spec.poll == Poll::Busy,
             mask: seq_mask(spec.size),
             spare: RefCell::new(None),
+            closed: Cell::new(false),
+        }
+    }
+
+    /// A data path through the async API, on `rt`.
+    pub(crate) fn new_async(rt: Rc<Runtime>, conn: zerocast::tokio::Connection, spec: &Spec) -> Self {
+        Self {
+            io: Io::Async(rt, conn),
+            size: spec.size,
+            busy: false,
+            mask: seq_mask(spec.size),
+            spare: RefCell::new(None),
+            closed: Cell::new(false),
         }
     }
 
@@ -138,20 +163,15 @@ impl DataPath {
     /// no-op for typed messages, which the sender encodes into a buffer of
     /// its own.
     pub(crate) fn prepare(&self) -> anyhow::Result<()> {
-        if let Io::Raw(conn) = &self.io {
-            let mut spare = self.spare.borrow_mut();
-            if spare.is_none() {
-                *spare = Some(conn.alloc(self.size)?);
+        let mut spare = self.spare.borrow_mut();
+        if spare.is_none() {
+            match &self.io {
+                Io::Raw(conn) => *spare = Some(conn.alloc(self.size)?),
+                Io::Async(rt, conn) => *spare = Some(rt.block_on(conn.alloc(self.size))?),
+                Io::Typed(..) => {}
             }
         }
         Ok(())
-    }
-
-    fn conn(&self) -> &Connection {
-        match &self.io {
-            Io::Raw(c) => c,
-            Io::Typed(tx, _) => tx.connection(),
-        }
     }
 
     /// Send message `seq` of the test's size.
@@ -176,6 +196,14 @@ impl DataPath {
                     }
                 }
                 conn.send(buf).map_err(send_failed)
+            }
+            Io::Async(rt, conn) => {
+                let mut buf = match self.spare.take() {
+                    Some(b) => b,
+                    None => rt.block_on(conn.alloc(self.size))?,
+                };
+                stamp(&mut buf, seq);
+                rt.block_on(conn.send(buf)).map_err(send_failed)
             }
             Io::Typed(tx, _) => {
                 let mut msg = Chunk { seq, data: &ZEROS[..self.size] };
@@ -214,6 +242,10 @@ impl DataPath {
         loop {
             let r = match &self.io {
                 Io::Raw(conn) => match if self.busy { conn.try_recv() } else { conn.recv() } {
+                    Ok(m) => return then(Got { seq: stamp_of(&m) & self.mask, len: m.len() }).map(Some),
+                    Err(e) => e,
+                },
+                Io::Async(rt, conn) => match rt.block_on(conn.recv()) {
                     Ok(m) => return then(Got { seq: stamp_of(&m) & self.mask, len: m.len() }).map(Some),
                     Err(e) => e,
                 },
@@ -270,9 +302,31 @@ impl DataPath {
         Ok(())
     }
 
-    /// Send a goodbye after everything queued.
+    /// Send a goodbye after everything queued. Through the async API, wait
+    /// (a while) for the connection to end too: the runtime runs the
+    /// engines only while this thread is in it.
     pub(crate) fn close(&self) {
-        self.conn().close();
+        if self.closed.replace(true) {
+            return;
+        }
+        match &self.io {
+            Io::Raw(c) => c.close(),
+            Io::Typed(tx, _) => tx.connection().close(),
+            Io::Async(rt, conn) => {
+                let _ = rt.block_on(async { tokio::time::timeout(ASYNC_CLOSE, conn.close_and_wait()).await });
+            }
+        }
+    }
+}
+
+/// How long an async data path's close waits for the peer's goodbye.
+const ASYNC_CLOSE: Duration = Duration::from_secs(10);
+
+impl Drop for DataPath {
+    fn drop(&mut self) {
+        if let Io::Async(..) = self.io {
+            self.close();
+        }
     }
 }
 

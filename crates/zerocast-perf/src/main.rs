@@ -15,6 +15,7 @@ mod cli;
 mod client;
 mod clock;
 mod data;
+mod open;
 mod plot;
 mod progress;
 mod report;

@@ -119,6 +119,7 @@ mod tests {
             transport: name.to_owned(),
             typed: false,
             poll: "event",
+            async_api: false,
             inflight: 64,
             clock: None,
             results: (1..=10)

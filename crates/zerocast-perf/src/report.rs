@@ -25,6 +25,8 @@ pub(crate) struct Run {
     pub(crate) transport: String,
     pub(crate) typed: bool,
     pub(crate) poll: &'static str,
+    /// Through the async API (`zerocast::tokio`).
+    pub(crate) async_api: bool,
     /// The requested window; each row may have used less (bytes in flight are capped).
     pub(crate) inflight: u32,
     /// Latency runs: what timed the samples (`cycles` or `monotonic`).
@@ -57,7 +59,12 @@ pub(crate) fn header(out: &mut impl Write, mode: Mode, spec: &Spec, clock: Clock
     writeln!(out, "{RULE}")?;
     writeln!(out, "                    zerocast {what} Test")?;
     writeln!(out, " Transport       : {}", spec.transport)?;
-    writeln!(out, " API             : {}", if spec.typed { "typed Sender<T>" } else { "raw buffers" })?;
+    let api = match (spec.typed, spec.async_api) {
+        (true, _) => "typed Sender<T>",
+        (false, false) => "raw buffers",
+        (false, true) => "raw buffers, async (zerocast::tokio, current-thread runtime)",
+    };
+    writeln!(out, " API             : {api}")?;
     writeln!(out, " Poll            : {}", spec.poll.as_str())?;
     writeln!(out, " Inflight        : {} (capped at 32 MiB in flight)", spec.window)?;
     match spec.duration_ms {

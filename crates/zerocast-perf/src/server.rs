@@ -10,6 +10,7 @@ use zerocast::datagram::DatagramSocket;
 use zerocast::{Listener, Receiver, RecvError, Scheme, Sender, Zerocast};
 
 use crate::data::{context_for, DataPath};
+use crate::open::Opener;
 use crate::spec::{Ctl, Mode, Poll, ServerReport, Spec};
 
 /// How long the server waits for datagrams still on their way once the
@@ -81,7 +82,7 @@ pub(crate) fn built_in(scheme: Scheme) -> anyhow::Result<()> {
 /// A connection test: listen, tell the client where, accept, then sink
 /// (bw, rate) or echo (lat) until the client closes.
 fn test(spec: &Spec, bind: &str, tx: &Sender<Ctl>) -> anyhow::Result<()> {
-    let zc = context_for(spec);
+    let zc = Opener::for_spec(spec)?;
     let uri = match spec.transport.scheme() {
         Scheme::Mem => spec.transport.uri(&unique_name(), 0),
         _ => spec.transport.uri(bind, spec.transport.port.unwrap_or(0)),
@@ -93,8 +94,7 @@ fn test(spec: &Spec, bind: &str, tx: &Sender<Ctl>) -> anyhow::Result<()> {
     let ep = listener.local_endpoint();
     let name = if ep.scheme() == Scheme::Mem { ep.host().to_owned() } else { String::new() };
     send(tx, Ctl::Ready { port: ep.port().unwrap_or(0), name })?;
-    let conn = listener.accept().with_context(|| format!("accepting the data connection at {uri}"))?;
-    let dp = DataPath::new(conn, spec);
+    let dp = listener.accept(spec).with_context(|| format!("accepting the data connection at {uri}"))?;
     let r = match spec.mode {
         Mode::Lat => echo(&dp),
         Mode::Bw | Mode::Rate => sink(&dp),

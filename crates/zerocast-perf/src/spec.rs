@@ -18,7 +18,7 @@ use zerocast::core::uri::UriError;
 use zerocast::{Endpoint, Scheme};
 
 /// Version of the control protocol; a mismatch is refused.
-pub(crate) const PROTOCOL: u32 = 1;
+pub(crate) const PROTOCOL: u32 = 2;
 
 /// The largest message size, and the top of the `-a` sweep.
 pub(crate) const MAX_SIZE: usize = 8 << 20;
@@ -186,6 +186,9 @@ pub(crate) struct Spec {
     pub(crate) window: u32,
     pub(crate) typed: bool,
     pub(crate) poll: Poll,
+    /// Through the async API (`zerocast::tokio`, on a current-thread
+    /// runtime that also drives the engines), both ends.
+    pub(crate) async_api: bool,
     /// Datagrams handed to the socket per `send_batch` call (1: `send_to`
     /// each). Only the sending side reads it.
     pub(crate) post_list: u32,
@@ -225,6 +228,12 @@ impl Spec {
             if self.typed {
                 bail!("--typed needs a connection (Sender<T>); ud:// is datagrams");
             }
+            if self.async_api {
+                bail!("--async needs a connection; ud:// is datagrams");
+            }
+        }
+        if self.async_api && (self.typed || self.poll == Poll::Busy) {
+            bail!("--async runs the raw API in event mode: it takes neither --typed nor --poll busy");
         }
         Ok(())
     }
@@ -310,6 +319,7 @@ mod tests {
             window: 16,
             typed: false,
             poll: Poll::Event,
+            async_api: false,
             post_list: 1,
         };
         ok.validate().unwrap();

@@ -51,6 +51,11 @@ mod error;
 mod poller;
 #[cfg(feature = "tokio")]
 pub mod tokio;
+
+/// The README's Rust examples, compiled (and the async one run) as doctests.
+#[cfg(all(doctest, feature = "tokio"))]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
 mod typecheck;
 
 pub use borrow::Guard;

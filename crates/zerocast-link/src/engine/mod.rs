@@ -20,6 +20,9 @@
 
 mod run;
 mod timers;
+mod watch;
+
+pub use watch::FdWatch;
 
 use std::fmt;
 use std::io;

@@ -19,6 +19,17 @@ use crate::suite::{order, Order, Record};
 /// Long enough that only a hang reaches it.
 const HANG: Duration = Duration::from_secs(30);
 
+/// Run the future `make` gives on a fresh runtime of two worker threads
+/// (made in it, so that contexts made there run their engines on it),
+/// failing it after five minutes.
+pub fn run_async<Fut: Future<Output = ()>>(make: impl FnOnce() -> Fut) {
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(300), make()).await.expect("the test hung");
+    });
+}
+
 /// A transport under the async API.
 #[derive(Debug, Clone)]
 pub struct AsyncTransport {
@@ -46,15 +57,10 @@ impl AsyncTransport {
         F: FnOnce(AsyncTransport) -> Fut,
         Fut: Future<Output = ()>,
     {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
+        run_async(|| async {
             let t = AsyncTransport { zc: Zerocast::with_config(cfg), listen_uri };
             let start = Instant::now();
-            tokio::time::timeout(Duration::from_secs(300), test(t)).await.expect("the test hung");
+            test(t).await;
             println!("{listen_uri}: {:?}", start.elapsed());
         });
     }

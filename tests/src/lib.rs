@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod async_datagram_suite;
 pub mod async_suite;
 pub mod checksum;
 pub mod datagram_suite;

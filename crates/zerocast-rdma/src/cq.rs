@@ -163,6 +163,19 @@ impl CompletionQueue {
         Ok(())
     }
 
+    /// The descriptor of this CQ's own channel ([`Self::with_own_channel`]).
+    pub(crate) fn channel_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.channel.as_deref().map(CompChannel::fd)
+    }
+
+    /// Take and acknowledge every event pending on this CQ's own channel,
+    /// without waiting.
+    pub(crate) fn take_events(&self) {
+        if let Some(ch) = &self.channel {
+            while ch.take_event(|_| ()).is_some() {}
+        }
+    }
+
     /// Wait up to `ms` for a completion event on a channel of this CQ's
     /// own ([`Self::with_own_channel`]) and acknowledge it. Returns whether
     /// one came. Without a channel, yields the CPU once instead.

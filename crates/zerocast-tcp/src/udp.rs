@@ -422,6 +422,13 @@ impl UdpSocket {
         self.recv(Mode::Try)
     }
 
+    /// A duplicate of the socket's descriptor, which is readable while a
+    /// datagram is queued: for an event loop that waits for one and then
+    /// calls [`UdpSocket::try_recv_from`].
+    pub fn readiness_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
+        std::os::fd::AsFd::as_fd(&self.sock).try_clone_to_owned()
+    }
+
     fn recv(&self, mode: Mode) -> Result<(RecvDatagram, SocketAddr), RecvError> {
         let rx_len = rx_len(self.max_datagram);
         let wait = match mode {

@@ -180,7 +180,13 @@ impl Waker {
         }
         let mut woken = self.inner.lock_woken();
         woken.tokens.push(self.token);
-        self.inner.signal(&mut woken);
+        if run::in_turn_of(&self.inner) {
+            // Woken by another task of the same turn: the turn runs it
+            // before it ends, with no eventfd write and read.
+            woken.local = true;
+        } else {
+            self.inner.signal(&mut woken);
+        }
     }
 
     /// The same wake as a [`std::task::Waker`], for what wakes through
@@ -408,6 +414,9 @@ struct Woken {
     tokens: Vec<u64>,
     /// The eventfd was written and the engine has not yet taken the batch.
     signalled: bool,
+    /// Tokens were added from inside a turn, without the eventfd: the turn
+    /// takes them before it ends.
+    local: bool,
 }
 
 /// What the engine's thread and its handles share.

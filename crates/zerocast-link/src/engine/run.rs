@@ -20,6 +20,37 @@ pub(super) const WAKE: u64 = u64::MAX;
 /// Readiness reported per `epoll_wait`, at most.
 const EVENTS: usize = 256;
 
+/// Rounds of wake-ups from inside a turn that the turn runs itself; past
+/// them (tasks that keep waking each other) the eventfd takes the rest to
+/// the next turn, so a turn always ends.
+pub(super) const LOCAL_ROUNDS: u32 = 16;
+
+std::thread_local! {
+    /// The engine whose turn this thread is running (its `Inner`'s
+    /// address), if any.
+    static TURN_OF: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether this thread is inside a turn of the engine `inner`.
+pub(super) fn in_turn_of(inner: &Arc<Inner>) -> bool {
+    TURN_OF.with(|t| t.get() == Arc::as_ptr(inner) as usize)
+}
+
+/// Marks this thread as running a turn of an engine until dropped.
+struct InTurn(usize);
+
+impl InTurn {
+    fn enter(inner: &Arc<Inner>) -> InTurn {
+        InTurn(TURN_OF.with(|t| t.replace(Arc::as_ptr(inner) as usize)))
+    }
+}
+
+impl Drop for InTurn {
+    fn drop(&mut self) {
+        TURN_OF.with(|t| t.set(self.0));
+    }
+}
+
 /// One task and what the engine knows of it.
 struct Slot {
     task: Box<dyn Task>,
@@ -117,6 +148,7 @@ impl Runner {
         };
         let n = events.len();
         self.turn += 1;
+        let _in_turn = InTurn::enter(&self.inner);
         let now = Instant::now();
         let mut woke = false;
         for &ev in events {
@@ -142,6 +174,21 @@ impl Runner {
         while let Some(token) = self.timers.pop_due(now, |token, at| timer_check(&mut self.slots, token, at))
         {
             self.dispatch(token, Why { timer_due: true, ..Why::default() }, now);
+        }
+        // Tasks woken by the tasks above, as later turns would run them.
+        for round in 0..=LOCAL_ROUNDS {
+            let mut woken = self.inner.lock_woken();
+            if !std::mem::take(&mut woken.local) {
+                break;
+            }
+            if round == LOCAL_ROUNDS {
+                // Still waking each other: the next turn goes on.
+                self.inner.signal(&mut woken);
+                break;
+            }
+            drop(woken);
+            self.turn += 1;
+            self.take_wakeups(now);
         }
         Ok(n)
     }
@@ -170,13 +217,16 @@ impl Runner {
         self.inner.incoming.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
     }
 
-    /// Read the eventfd, start new tasks, and run every woken one.
+    /// Read the eventfd (if it was written), start new tasks, and run
+    /// every woken one.
     fn take_wakeups(&mut self, now: Instant) {
-        let mut counter = [0u8; 8];
-        let _ = rustix::io::read(self.inner.eventfd.as_fd(), &mut counter);
         {
             let mut woken = self.inner.lock_woken();
-            woken.signalled = false;
+            if std::mem::take(&mut woken.signalled) {
+                let mut counter = [0u8; 8];
+                let _ = rustix::io::read(self.inner.eventfd.as_fd(), &mut counter);
+            }
+            woken.local = false;
             std::mem::swap(&mut woken.tokens, &mut self.tokens);
         }
         let incoming = std::mem::take(&mut *self.inner.incoming.lock().unwrap_or_else(|p| p.into_inner()));

@@ -149,3 +149,78 @@ fn a_threaded_engine_runs_tasks_and_ends_with_its_last_handle() {
         std::thread::yield_now();
     }
 }
+
+/// Wakes the task behind `next` (if any) at each run, `left` times; counts
+/// its runs.
+struct Relay {
+    next: Arc<Mutex<Option<Waker>>>,
+    me: Arc<Mutex<Option<Waker>>>,
+    runs: Arc<AtomicUsize>,
+    left: usize,
+}
+
+impl Task for Relay {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
+    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
+        self.me.lock().unwrap().get_or_insert_with(|| cx.waker());
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        if self.left > 0 && cx.woken() {
+            self.left -= 1;
+            if let Some(w) = self.next.lock().unwrap().as_ref() {
+                w.wake();
+            }
+        }
+        Step::Continue
+    }
+}
+
+#[test]
+fn a_wake_from_inside_a_turn_runs_in_that_turn_and_a_turn_always_ends() {
+    let (engine, mut p) = Engine::detached("test").unwrap();
+    let (a_waker, b_waker) = (Arc::new(Mutex::new(None)), Arc::new(Mutex::new(None)));
+    let (a_runs, b_runs) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    // Two tasks that wake each other without end.
+    let relay =
+        |next: &Arc<Mutex<Option<Waker>>>, me: &Arc<Mutex<Option<Waker>>>, runs: &Arc<AtomicUsize>| Relay {
+            next: next.clone(),
+            me: me.clone(),
+            runs: runs.clone(),
+            left: usize::MAX,
+        };
+    engine.register(Box::new(relay(&b_waker, &a_waker, &a_runs)));
+    engine.register(Box::new(relay(&a_waker, &b_waker, &b_runs)));
+    p.progress();
+    let before = (a_runs.load(Ordering::SeqCst), b_runs.load(Ordering::SeqCst));
+    // B wakes A from inside the turn: A runs in that same turn, and so on,
+    // a bounded number of rounds; then the eventfd carries the rest.
+    a_waker.lock().unwrap().clone().unwrap().wake();
+    p.progress();
+    let after = (a_runs.load(Ordering::SeqCst), b_runs.load(Ordering::SeqCst));
+    let relayed = (after.0 - before.0) + (after.1 - before.1);
+    assert!(relayed > 2, "wakes from inside the turn ran in it: {before:?} -> {after:?}");
+    assert!(relayed <= 2 * (super::run::LOCAL_ROUNDS as usize + 2), "a turn ends: {relayed} runs");
+    assert_eq!(p.arm(), Err(Pending), "the relay goes on in the next turn");
+
+    // One wake from inside a turn, then quiet: armed after one progress,
+    // with no eventfd write left behind.
+    let (c_waker, d_waker) = (Arc::new(Mutex::new(None)), Arc::new(Mutex::new(None)));
+    let (c_runs, d_runs) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut c = relay(&d_waker, &c_waker, &c_runs);
+    // Its first run (a new task runs as woken) spends one.
+    c.left = 2;
+    let mut d = relay(&c_waker, &d_waker, &d_runs);
+    d.left = 0;
+    let (engine2, mut p2) = Engine::detached("test2").unwrap();
+    engine2.register(Box::new(d));
+    engine2.register(Box::new(c));
+    settle(&mut p2);
+    let d_before = d_runs.load(Ordering::SeqCst);
+    c_waker.lock().unwrap().clone().unwrap().wake();
+    p2.progress();
+    assert_eq!(d_runs.load(Ordering::SeqCst), d_before + 1, "woken by C in the same turn");
+    assert_eq!(p2.arm(), Ok(None), "nothing left pending");
+    drop(engine);
+}

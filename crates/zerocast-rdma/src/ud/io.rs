@@ -290,4 +290,20 @@ impl Io {
     pub(super) fn arm_recv(&self) -> Result<(), UdError> {
         self.recv_cq.arm().map_err(|e| UdError::verbs("ibv_req_notify_cq", e))
     }
+
+    /// Take the completion events already on the receive CQ's channel,
+    /// then arm it: the channel is readable again only for a completion
+    /// after this.
+    pub(super) fn rearm_recv(&self) -> Result<(), UdError> {
+        self.recv_cq.take_events();
+        self.arm_recv()
+    }
+
+    /// A duplicate of the receive CQ's channel descriptor.
+    pub(super) fn recv_readiness_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        match self.recv_cq.channel_fd() {
+            Some(fd) => fd.try_clone_to_owned(),
+            None => Err(std::io::Error::other("the UD receive CQ has no completion channel")),
+        }
+    }
 }

@@ -148,6 +148,8 @@ pub(super) fn multicast(t: &UdTransport, ep: &Endpoint, cfg: UdConfig) -> Result
 enum Mode {
     Block(Option<Instant>),
     Try,
+    /// As `Try`, but leave the receive CQ armed when empty.
+    Arm,
 }
 
 /// Destinations are keyed by address; a group by its IP alone.
@@ -493,10 +495,28 @@ impl UdSocket {
         self.recv(Mode::Try)
     }
 
+    /// Receive a datagram if one has arrived; otherwise
+    /// [`RecvError::Empty`] with the receive CQ armed, so that the next
+    /// arrival makes [`UdSocket::readiness_fd`] readable (the completion
+    /// events already on it are taken first, so it is readable only for
+    /// what comes after). [`RecvError::Timeout`] while another thread is
+    /// receiving: try again, nothing was armed. For an event loop.
+    pub fn try_recv_armed(&self) -> Result<(UdDatagram, SocketAddr), RecvError> {
+        self.recv(Mode::Arm)
+    }
+
+    /// A duplicate of the receive CQ's completion channel descriptor,
+    /// readable once a completion arrives on a CQ that
+    /// [`UdSocket::try_recv_armed`] left armed.
+    pub fn readiness_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        self.io.recv_readiness_fd()
+    }
+
     fn recv(&self, mode: Mode) -> Result<(UdDatagram, SocketAddr), RecvError> {
         let failed = |e: UdError| RecvError::Failed(ConnError::transport(e));
         let mut batch = match mode {
             Mode::Try => self.io.rx_turn.try_lock().ok_or(RecvError::Empty)?,
+            Mode::Arm => self.io.rx_turn.try_lock().ok_or(RecvError::Timeout)?,
             Mode::Block(d) => self.io.rx_turn.lock(d).ok_or(RecvError::Timeout)?,
         };
         let mut armed = false;
@@ -508,7 +528,15 @@ impl UdSocket {
                 }
                 continue;
             }
-            let Mode::Block(deadline) = mode else { return Err(RecvError::Empty) };
+            let deadline = match mode {
+                Mode::Block(deadline) => deadline,
+                Mode::Arm if !armed => {
+                    self.io.rearm_recv().map_err(failed)?;
+                    armed = true;
+                    continue;
+                }
+                Mode::Arm | Mode::Try => return Err(RecvError::Empty),
+            };
             if !armed {
                 // Arm, then poll once more: a completion that came before
                 // the arm is found by that poll, one after it wakes the wait.

@@ -92,6 +92,16 @@ pub enum DatagramError {
         /// Why, and what to write instead.
         reason: String,
     },
+    /// This process ran short of something the socket needs besides its
+    /// backend (a descriptor to wait on, say).
+    #[error("cannot {what}")]
+    LocalResource {
+        /// What could not be done.
+        what: &'static str,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl DatagramError {
@@ -294,6 +304,27 @@ impl DatagramSocket {
             #[cfg(feature = "rdma")]
             Flavor::Ud(s) => s.try_recv_from().map(|(d, a)| (RecvDatagram { flavor: RxFlavor::Ud(d) }, a)),
         }
+    }
+
+    /// For an event loop: [`DatagramSocket::try_recv_from`], leaving the
+    /// socket so that [`DatagramSocket::readiness_fd`] turns readable on the
+    /// next arrival when it finds nothing (`Empty`); `Timeout` while
+    /// another thread receives (nothing was armed: try again).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn try_recv_armed(&self) -> Result<(RecvDatagram, SocketAddr), RecvError> {
+        match &self.flavor {
+            // A UDP socket is readable while a datagram is queued.
+            Flavor::Udp(s) => s.try_recv_from().map(|(d, a)| (RecvDatagram { flavor: RxFlavor::Udp(d) }, a)),
+            #[cfg(feature = "rdma")]
+            Flavor::Ud(s) => s.try_recv_armed().map(|(d, a)| (RecvDatagram { flavor: RxFlavor::Ud(d) }, a)),
+        }
+    }
+
+    /// A descriptor (the caller's own duplicate) readable when a datagram
+    /// may be there: the UDP socket's, or the UD receive CQ's channel.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn readiness_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        each!(self, s => s.readiness_fd())
     }
 
     /// Join a multicast group.

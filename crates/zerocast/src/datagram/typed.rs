@@ -94,12 +94,33 @@ impl<T: Serialize, C: Codec> DatagramSender<T, C> {
     /// Encode `msg` into a pool buffer and send it to `to`, a peer or a
     /// group. Success means handed to the OS or the device, not delivered.
     pub fn send_to(&self, msg: &T, to: &SocketAddr) -> Result<(), DatagramSendError> {
+        self.send_with(msg, to, |sock, len| sock.alloc(len, None))
+    }
+
+    /// [`DatagramSender::send_to`] for a task: a pool at its cap is
+    /// `Pool(Exhausted)`, with `waker` woken when a buffer comes back.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn send_to_or_wake(
+        &self,
+        msg: &T,
+        to: &SocketAddr,
+        waker: &std::task::Waker,
+    ) -> Result<(), DatagramSendError> {
+        self.send_with(msg, to, |sock, len| sock.pool().alloc_or_wake(len, waker))
+    }
+
+    fn send_with(
+        &self,
+        msg: &T,
+        to: &SocketAddr,
+        alloc: impl FnOnce(&DatagramSocket, usize) -> Result<zerocast_mem::Buf, PoolError>,
+    ) -> Result<(), DatagramSendError> {
         let len = self.codec.encoded_len(msg).map_err(DatagramSendError::Codec)?;
         let max = self.sock.max_datagram();
         if len > max {
             return Err(DatagramSendError::TooLarge { len, max });
         }
-        let mut buf = self.sock.alloc(len, None)?;
+        let mut buf = alloc(&self.sock, len)?;
         let n = self.codec.encode(msg, &mut buf).map_err(DatagramSendError::Codec)?;
         buf.set_len(n);
         self.sock.send_to(buf, to).map_err(|(_, e)| DatagramSendError::Send(e))
@@ -138,6 +159,13 @@ impl<T: DeserializeOwned, C: Codec> DatagramReceiver<T, C> {
     /// A message if one is there now, else [`RecvError::Empty`].
     pub fn try_recv_from(&self) -> Result<(T, SocketAddr), TypedDatagramError> {
         let (d, from) = self.sock.try_recv_from()?;
+        self.decode(&d, from)
+    }
+
+    /// [`DatagramSocket::try_recv_armed`], decoded.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn try_recv_armed(&self) -> Result<(T, SocketAddr), TypedDatagramError> {
+        let (d, from) = self.sock.try_recv_armed()?;
         self.decode(&d, from)
     }
 

@@ -41,6 +41,10 @@
 //! either sent its message whole or not at all. Each method says what
 //! happens to what it was given.
 //!
+//! **Datagrams.** [`Zerocast::bind_datagram`] opens `ud://` and `mcast://`
+//! endpoints (RDMA UD or UDP, chosen as the blocking API chooses) whose
+//! receives wait on the engine.
+//!
 //! **Blocking and async.** A connection moves between the two APIs with
 //! [`Connection::from_blocking`] and [`Connection::into_blocking`]. Never
 //! call a blocking method from a task: it holds the runtime's thread,
@@ -53,11 +57,15 @@
 
 mod channel;
 mod conn;
+#[cfg(feature = "tcp")]
+mod datagram;
 mod driver;
 mod ready;
 
 pub use channel::{Receiver, Sender};
 pub use conn::{Connection, Incoming, Listener};
+#[cfg(feature = "tcp")]
+pub use datagram::{DatagramReceiver, DatagramSender, DatagramSocket};
 pub(crate) use driver::drive;
 
 use zerocast_core::{ConnectError, Endpoint};
@@ -120,6 +128,21 @@ impl Zerocast {
     /// Listen at `uri` (see [`crate::Zerocast::listen`]).
     pub async fn listen(&self, uri: &str) -> Result<Listener, ConnectError> {
         Ok(Listener::new(self.inner.listen(uri)?))
+    }
+
+    /// Open a datagram endpoint, `ud://` or `mcast://` (see
+    /// [`crate::Zerocast::bind_datagram`]); its receives wait on one of
+    /// this context's engines.
+    #[cfg(feature = "tcp")]
+    pub async fn bind_datagram(&self, uri: &str) -> Result<DatagramSocket, crate::datagram::DatagramError> {
+        use crate::datagram::DatagramError::LocalResource;
+        let sock = self.inner.bind_datagram(uri)?;
+        let engines = self.inner.engines().map_err(|e| LocalResource {
+            what: "start an engine to wait on the socket",
+            source: std::io::Error::other(e),
+        })?;
+        DatagramSocket::new(sock, engines.pick())
+            .map_err(|source| LocalResource { what: "watch the socket's descriptor", source })
     }
 }
 

@@ -1,0 +1,274 @@
+//! Datagrams for tasks: [`DatagramSocket`] and its typed halves, the async
+//! forms of [`crate::DatagramSocket`], over UDP (and UDP multicast) or RDMA
+//! UD (`ud://`, `mcast://`), chosen as the blocking API chooses.
+//!
+//! A receive that finds nothing leaves the socket armed (a UD socket's
+//! receive CQ, whose completion events already taken are consumed first)
+//! and has the engine watch its descriptor — the UDP socket, or the CQ's
+//! completion channel — until it is readable, then looks again.
+
+use std::fmt;
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use zerocast_core::RecvError;
+use zerocast_link::engine::FdWatch;
+use zerocast_mem::{Buf, Pool, PoolError};
+
+use crate::codec::{Bincode, Codec};
+use crate::datagram::{
+    Backend, DatagramError, DatagramSendError, DatagramStats, RecvDatagram, TypedDatagramError,
+};
+
+/// A datagram socket for tasks. Receives wait on the engine; sends are
+/// handed to the OS or the device at once, as with the blocking socket.
+///
+/// Over RDMA UD, the first send to a new destination and a group's join
+/// resolve through rdma_cm on the calling task (a round trip on the
+/// fabric); do them once, up front.
+pub struct DatagramSocket {
+    sock: crate::DatagramSocket,
+    watch: Arc<FdWatch>,
+}
+
+impl fmt::Debug for DatagramSocket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatagramSocket").field("socket", &self.sock).finish()
+    }
+}
+
+/// An error that can mean "nothing yet" or "another receiver's turn".
+trait MaybeEmpty {
+    fn recv_error(&self) -> Option<&RecvError>;
+}
+
+impl MaybeEmpty for RecvError {
+    fn recv_error(&self) -> Option<&RecvError> {
+        Some(self)
+    }
+}
+
+impl MaybeEmpty for TypedDatagramError {
+    fn recv_error(&self) -> Option<&RecvError> {
+        match self {
+            TypedDatagramError::Recv(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Take what `try_armed` finds; on nothing, register with `watch` and look
+/// once more (what came between the looks is found, what comes after
+/// makes the descriptor readable). Another receiver's turn: try again soon.
+fn poll_armed<T, E: MaybeEmpty>(
+    watch: &FdWatch,
+    cx: &mut Context<'_>,
+    mut try_armed: impl FnMut() -> Result<T, E>,
+) -> Poll<Result<T, E>> {
+    let mut registered = false;
+    loop {
+        match try_armed() {
+            Err(e) if matches!(e.recv_error(), Some(RecvError::Timeout)) => {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Err(e) if matches!(e.recv_error(), Some(RecvError::Empty)) => {
+                if registered {
+                    return Poll::Pending;
+                }
+                watch.wake_when_readable(cx.waker());
+                registered = true;
+            }
+            r => return Poll::Ready(r),
+        }
+    }
+}
+
+impl DatagramSocket {
+    pub(crate) fn new(
+        sock: crate::DatagramSocket,
+        engine: &zerocast_link::engine::Engine,
+    ) -> std::io::Result<Self> {
+        let watch = Arc::new(FdWatch::new(engine, sock.readiness_fd()?));
+        Ok(Self { sock, watch })
+    }
+
+    /// The blocking socket underneath, for what does not wait (stats,
+    /// sources, multicast options).
+    pub fn as_blocking(&self) -> &crate::DatagramSocket {
+        &self.sock
+    }
+
+    /// The backend in use.
+    pub fn backend(&self) -> Backend {
+        self.sock.backend()
+    }
+
+    /// A send buffer of `len` payload bytes, waiting while the pool is at
+    /// its cap. Cancel-safe.
+    pub async fn alloc(&self, len: usize) -> Result<Buf, PoolError> {
+        let max = self.sock.max_datagram();
+        if len > max {
+            return Err(PoolError::TooLarge { requested: len, max });
+        }
+        poll_fn(|cx| match self.sock.pool().alloc_or_wake(len, cx.waker()) {
+            Err(PoolError::Exhausted { .. }) => Poll::Pending,
+            r => Poll::Ready(r),
+        })
+        .await
+    }
+
+    /// Send `buf` as one datagram to `to`, a peer or a group; the buffer
+    /// comes back on error. Success means handed to the OS or the device.
+    pub fn send_to(&self, buf: Buf, to: &SocketAddr) -> Result<(), (Buf, DatagramError)> {
+        self.sock.send_to(buf, to)
+    }
+
+    /// Send the datagrams of `batch` in order (see
+    /// [`crate::DatagramSocket::send_batch`]).
+    pub fn send_batch(&self, batch: &mut Vec<(Buf, SocketAddr)>) -> Result<(), DatagramError> {
+        self.sock.send_batch(batch)
+    }
+
+    /// Receive one datagram and its source. Cancel-safe: a datagram is
+    /// taken only by the poll that returns it.
+    pub async fn recv_from(&self) -> Result<(RecvDatagram, SocketAddr), RecvError> {
+        poll_fn(|cx| self.poll_recv_from(cx)).await
+    }
+
+    /// Receive, waiting at most `timeout`.
+    pub async fn recv_timeout(&self, timeout: Duration) -> Result<(RecvDatagram, SocketAddr), RecvError> {
+        ::tokio::time::timeout(timeout, self.recv_from()).await.unwrap_or(Err(RecvError::Timeout))
+    }
+
+    /// The receive of a hand-written future.
+    pub fn poll_recv_from(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(RecvDatagram, SocketAddr), RecvError>> {
+        poll_armed(&self.watch, cx, || self.sock.try_recv_armed())
+    }
+
+    /// A datagram if one is there now, else [`RecvError::Empty`].
+    pub fn try_recv_from(&self) -> Result<(RecvDatagram, SocketAddr), RecvError> {
+        self.sock.try_recv_from()
+    }
+
+    /// Join a multicast group (over RDMA UD, an rdma_cm join: a round trip).
+    pub fn join(&self, group: &SocketAddr) -> Result<(), DatagramError> {
+        self.sock.join(group)
+    }
+
+    /// Leave a multicast group.
+    pub fn leave(&self, group: &SocketAddr) -> Result<(), DatagramError> {
+        self.sock.leave(group)
+    }
+
+    /// The largest payload one datagram carries.
+    pub fn max_datagram(&self) -> usize {
+        self.sock.max_datagram()
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.sock.local_addr()
+    }
+
+    /// The pool send buffers come from.
+    pub fn pool(&self) -> &Pool {
+        self.sock.pool()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> DatagramStats {
+        self.sock.stats()
+    }
+
+    /// Typed halves with the default codec.
+    pub fn typed<S, R>(self) -> (DatagramSender<S>, DatagramReceiver<R>) {
+        self.typed_with(Bincode)
+    }
+
+    /// Typed halves with a codec of your choice.
+    pub fn typed_with<S, R, C: Codec>(self, codec: C) -> (DatagramSender<S, C>, DatagramReceiver<R, C>) {
+        let (tx, rx) = self.sock.typed_with(codec);
+        (DatagramSender { inner: tx }, DatagramReceiver { inner: rx, watch: self.watch })
+    }
+}
+
+/// Sends typed messages as datagrams, for tasks. Clones share the socket.
+pub struct DatagramSender<T, C = Bincode> {
+    inner: crate::DatagramSender<T, C>,
+}
+
+impl<T, C: Clone> Clone for DatagramSender<T, C> {
+    fn clone(&self) -> Self {
+        Self { inner: self.inner.clone() }
+    }
+}
+
+impl<T, C> fmt::Debug for DatagramSender<T, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatagramSender").field("inner", &self.inner).finish()
+    }
+}
+
+impl<T: Serialize, C: Codec> DatagramSender<T, C> {
+    /// Encode `msg` and send it to `to`, waiting only while the pool is at
+    /// its cap. Cancel-safe: nothing is sent unless it returns `Ok`.
+    pub async fn send_to(&self, msg: &T, to: &SocketAddr) -> Result<(), DatagramSendError> {
+        poll_fn(|cx| match self.inner.send_to_or_wake(msg, to, cx.waker()) {
+            Err(DatagramSendError::Pool(PoolError::Exhausted { .. })) => Poll::Pending,
+            r => Poll::Ready(r),
+        })
+        .await
+    }
+
+    /// The socket underneath.
+    pub fn socket(&self) -> &crate::DatagramSocket {
+        self.inner.socket()
+    }
+}
+
+/// Receives typed messages from datagrams, for tasks.
+pub struct DatagramReceiver<T, C = Bincode> {
+    inner: crate::DatagramReceiver<T, C>,
+    watch: Arc<FdWatch>,
+}
+
+impl<T, C> fmt::Debug for DatagramReceiver<T, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatagramReceiver").field("inner", &self.inner).finish()
+    }
+}
+
+impl<T: DeserializeOwned, C: Codec> DatagramReceiver<T, C> {
+    /// Receive and decode one message and its source. Cancel-safe. A
+    /// datagram that does not decode is its own error (and dropped); the
+    /// next receive goes on.
+    pub async fn recv_from(&self) -> Result<(T, SocketAddr), TypedDatagramError> {
+        poll_fn(|cx| poll_armed(&self.watch, cx, || self.inner.try_recv_armed())).await
+    }
+
+    /// Receive, waiting at most `timeout`.
+    pub async fn recv_timeout(&self, timeout: Duration) -> Result<(T, SocketAddr), TypedDatagramError> {
+        ::tokio::time::timeout(timeout, self.recv_from())
+            .await
+            .unwrap_or(Err(TypedDatagramError::Recv(RecvError::Timeout)))
+    }
+
+    /// A message if one is there now.
+    pub fn try_recv_from(&self) -> Result<(T, SocketAddr), TypedDatagramError> {
+        self.inner.try_recv_from()
+    }
+
+    /// The socket underneath.
+    pub fn socket(&self) -> &crate::DatagramSocket {
+        self.inner.socket()
+    }
+}

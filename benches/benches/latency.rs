@@ -1,8 +1,10 @@
 //! Round-trip latency on loopback at 64 B and 4 KiB: zerocast over
 //! `tcp://` and `mem://` (raw buffers, echoed by a thread) against a raw
 //! socket2 TCP ping-pong (`TCP_NODELAY`, one `write` each way) and ZeroMQ
-//! REQ/REP (feature `zeromq`). Criterion reports the mean; the `ratios`
-//! bench compares medians (p50).
+//! REQ/REP (feature `zeromq`); and the async API, `zerocast::tokio` over
+//! `tcp://`, against a tokio `TcpStream` ping-pong, each timed inside a
+//! task of its own two-worker runtime. Criterion reports the mean; the
+//! `ratios` bench compares medians (p50).
 //!
 //! ```text
 //! cargo bench -p zerocast-benches --bench latency --features zeromq
@@ -11,7 +13,7 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use zerocast_benches::{BoxError, PingPong, RawPing, ZcPing};
+use zerocast_benches::{AsyncZcPing, BoxError, PingPong, RawPing, TokioPing, ZcPing};
 
 type Make = fn(usize) -> Result<Box<dyn PingPong>, BoxError>;
 
@@ -21,6 +23,8 @@ fn contenders() -> Vec<(&'static str, Make)> {
         ("zc_tcp_raw", |s| Ok(Box::new(ZcPing::new("tcp://127.0.0.1:0", s)?))),
         ("zc_mem_raw", |s| Ok(Box::new(ZcPing::new("mem://latency", s)?))),
         ("socket2_tcp_pingpong", |s| Ok(Box::new(RawPing::new(s)?))),
+        ("zc_tokio_tcp_raw", |s| Ok(Box::new(AsyncZcPing::new(s)?))),
+        ("tokio_tcp_pingpong", |s| Ok(Box::new(TokioPing::new(s)?))),
     ];
     #[cfg(feature = "zeromq")]
     v.push(("zmq_req_rep", |s| Ok(Box::new(zerocast_benches::ZmqReqRep::new(s)?))));
@@ -34,7 +38,11 @@ fn latency(c: &mut Criterion) {
             let mut p = make(size).expect("ping-pong pair");
             let label = if size >= 1024 { format!("{}KiB", size >> 10) } else { format!("{size}B") };
             g.bench_function(BenchmarkId::new(name, label), |b| {
-                b.iter_custom(|iters| (0..iters).map(|_| p.round_trip()).sum())
+                b.iter_custom(|iters| {
+                    let mut ns = Vec::new();
+                    p.round_trips(iters as usize, &mut ns);
+                    Duration::from_nanos(ns.iter().sum())
+                })
             });
         }
     }

@@ -569,3 +569,71 @@ pub async fn blocking_and_async_mix(t: AsyncTransport) {
     echo.await.expect("task").expect("send");
     assert_eq!(&*client.recv().await.expect("reply"), b"cba");
 }
+
+/// A connect to an endpoint nobody listens at fails with a typed error
+/// (refused, or the peer's address gone); a connect whose future is
+/// dropped part-way leaves nothing behind: the next connect works, and
+/// once every connection is closed every pool buffer is back.
+pub async fn connect_refused_and_abandoned(t: AsyncTransport) {
+    let listener = t.listen().await;
+    let at = listener.local_endpoint().to_string();
+    drop(listener);
+    match t.zc.connect(&at).await {
+        Err(e) => {
+            println!("connect to a closed listener: {e} ({:?})", e.kind());
+            assert!(
+                matches!(e.kind(), ErrorKind::Refused | ErrorKind::PeerGone | ErrorKind::Timeout),
+                "a connect to nobody is refused: {e:?}"
+            );
+        }
+        Ok(c) => panic!("connected to a closed listener: {:?}", c.peer()),
+    }
+    let listener = t.listen().await;
+    let at = listener.local_endpoint().to_string();
+    let mut abandoned = 0;
+    for i in 0..20 {
+        // Poll the connect a few times, letting the engines move it on in
+        // between, then drop it: at a different point of the handshake
+        // each time (or done, and the connection dropped at once).
+        let mut connecting = std::pin::pin!(t.zc.connect(&at));
+        let mut pending = true;
+        for _ in 0..=(i % 5) {
+            let polled =
+                std::future::poll_fn(|cx| std::task::Poll::Ready(connecting.as_mut().poll(cx))).await;
+            pending = polled.is_pending();
+            if !pending {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        abandoned += usize::from(pending);
+    }
+    println!("{abandoned} of 20 connects abandoned part-way");
+    let client = t.zc.connect(&at).await.expect("a connect after the abandoned ones");
+    send_bytes(&client, b"after").await;
+    // The listener may have finished handshakes whose client gave up: those
+    // connections end at once; the good one carries the message.
+    let mut ended = 0;
+    let server = loop {
+        let c = listener.accept().await.expect("accept");
+        match c.recv_timeout(HANG).await {
+            Ok(m) => {
+                assert_eq!(&*m, b"after");
+                break c;
+            }
+            Err(e) => {
+                assert!(matches!(e, RecvError::Disconnected | RecvError::Failed(_)), "{e:?}");
+                ended += 1;
+            }
+        }
+    };
+    println!("{ended} connections of the 20 ended at the listener");
+    assert!(ended <= 20, "{ended} ended of 20");
+    // `mem://` connects within the first poll: nothing to abandon there.
+    assert!(
+        abandoned > 0 || t.listen_uri.starts_with("mem://"),
+        "no connect was dropped part-way: the test did not test"
+    );
+    drop((client, server, listener));
+    t.assert_pool_drained().await;
+}

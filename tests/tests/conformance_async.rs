@@ -84,6 +84,11 @@ macro_rules! conformance_async {
             fn blocking_and_async_mix() {
                 AsyncTransport::run($uri, WINDOW, async_suite::blocking_and_async_mix);
             }
+
+            #[test]
+            fn connect_refused_and_abandoned() {
+                AsyncTransport::run($uri, WINDOW, async_suite::connect_refused_and_abandoned);
+            }
         }
     };
 }

@@ -118,6 +118,12 @@ macro_rules! conformance_async_rdma {
             fn blocking_and_async_mix() {
                 AsyncTransport::run_with(uri($scheme), cfg(), async_suite::blocking_and_async_mix);
             }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn connect_refused_and_abandoned() {
+                AsyncTransport::run_with(uri($scheme), cfg(), async_suite::connect_refused_and_abandoned);
+            }
         }
     };
 }

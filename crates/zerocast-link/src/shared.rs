@@ -55,7 +55,7 @@ pub(crate) struct State {
     /// Threads waiting on `credit_cv`.
     pub(crate) cv_waiters: u32,
     /// Tasks waiting for what wakes `credit_cv` (see
-    /// [`crate::Link::wake_on_credit`]), woken once each.
+    /// [`crate::Link::poll_credit`]), woken once each.
     pub(crate) task_waiters: Vec<std::task::Waker>,
     /// Data frames the sending thread wrote itself.
     pub(crate) direct_sends: u64,

@@ -268,36 +268,43 @@ impl Zerocast {
     }
 
     /// [`Zerocast::connect`] for a task, to a resolved endpoint: on
-    /// `tcp://` the connect and handshake are an engine task; `mem://`
-    /// connects without waiting anyway. rdma_cm's connect still waits for
-    /// its events on the calling thread, so `rc://` runs it on the
+    /// `tcp://` and `rc://` the connect and handshake are engine tasks;
+    /// `mem://` connects without waiting anyway. `rc+oob://`'s side
+    /// channel exchange waits on the calling thread, so it runs on the
     /// runtime's blocking pool.
     #[cfg(feature = "tokio")]
     pub(crate) async fn connect_async(&self, ep: &Endpoint) -> Result<Connection, ConnectError> {
-        let flavor = match ep.scheme() {
+        #[cfg(any(feature = "tcp", feature = "rdma"))]
+        let gone = || ConnectError::Transport {
+            kind: ErrorKind::LocalResource,
+            source: "the engine stopped before the connection was made".into(),
+        };
+        #[cfg(any(feature = "tcp", feature = "rdma"))]
+        let made = |flavor| Ok(Connection::new(flavor, self.inner.cfg.typed_check));
+        match ep.scheme() {
             #[cfg(feature = "tcp")]
             Scheme::Tcp => {
                 let addrs = lookup(ep).await?;
                 let started = self.tcp(ep)?.connect_nonblocking(ep, addrs)?;
-                let gone = || ConnectError::Transport {
-                    kind: ErrorKind::LocalResource,
-                    source: "the engine stopped before the connection was made".into(),
-                };
-                Flavor::Tcp(started.await.ok_or_else(gone)??)
+                made(Flavor::Tcp(started.await.ok_or_else(gone)??))
             }
             #[cfg(feature = "rdma")]
-            Scheme::Rc | Scheme::RcOob => {
+            Scheme::Rc => {
+                let started = self.rc_for(ep)?.connect_nonblocking(ep)?;
+                made(Flavor::Rc(started.await.ok_or_else(gone)??))
+            }
+            #[cfg(feature = "rdma")]
+            Scheme::RcOob => {
                 let (zc, at) = (self.clone(), ep.clone());
                 let connect = move || zerocast_core::Transport::connect(&zc.rc_for(&at)?, &at);
                 let joined = ::tokio::task::spawn_blocking(connect).await;
-                Flavor::Rc(joined.map_err(|e| ConnectError::Transport {
+                made(Flavor::Rc(joined.map_err(|e| ConnectError::Transport {
                     kind: ErrorKind::LocalResource,
                     source: format!("the connecting task failed: {e}").into(),
-                })??)
+                })??))
             }
-            _ => return self.connect(&ep.to_string()),
-        };
-        Ok(Connection::new(flavor, self.inner.cfg.typed_check))
+            _ => self.connect(&ep.to_string()),
+        }
     }
 
     /// Listen at `uri`. Port 0 picks a free port: see [`Listener::local_endpoint`].

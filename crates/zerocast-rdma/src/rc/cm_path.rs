@@ -136,36 +136,74 @@ pub(super) fn connect(
     ep: &Endpoint,
     link: LinkConfig,
 ) -> Result<RcConnection, ConnectError> {
-    let addr = resolve(ep)?;
     let deadline = Instant::now() + t.inner.cfg.connect_timeout;
+    let (ch, id) = resolve_addr(t, ep)?;
+    drop(expect(&ch, ev::RDMA_CM_EVENT_ADDR_RESOLVED, deadline, "resolving the address")?);
+    resolve_route(t, &id)?;
+    drop(expect(&ch, ev::RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, "resolving the route")?);
+    let (io, route) = connect_routed(t, ep, &link, ch, id)?;
+    let e = route.wait(deadline).ok_or_else(|| ConnectError::Timeout("rdma_cm: connecting".into()))?;
+    let (conn, driver) = established(t, ep, link, &io, e)?;
+    t.engine_of(&io).register(Box::new(Watch::new(route, io, driver)));
+    Ok(conn)
+}
+
+/// The first step of a connect: an id on an event channel of its own,
+/// whose address resolution is started (ADDR_RESOLVED comes on it).
+pub(super) fn resolve_addr(
+    t: &RcTransport,
+    ep: &Endpoint,
+) -> Result<(Arc<EventChannel>, CmId), ConnectError> {
+    let addr = resolve(ep)?;
     let io_err = |e| ConnectError::Io { endpoint: ep.to_string(), source: e };
     let ch = EventChannel::new().map_err(io_err)?;
-    let mut id = CmId::new(&ch).map_err(io_err)?;
+    let id = CmId::new(&ch).map_err(io_err)?;
     let dst = CmId::sockaddr(addr);
-    let ms = t.inner.cfg.connect_timeout.as_millis().min(i32::MAX as u128) as i32;
     // SAFETY: live id; `dst` is a valid sockaddr for the call's duration.
-    let rc = unsafe { rdma_sys::rdma_resolve_addr(id.as_ptr(), ptr::null_mut(), dst.as_ptr() as *mut _, ms) };
+    let rc = unsafe {
+        rdma_sys::rdma_resolve_addr(id.as_ptr(), ptr::null_mut(), dst.as_ptr() as *mut _, cm_ms(t))
+    };
     if rc != 0 {
         return Err(verbs_err("rdma_resolve_addr", rc));
     }
-    drop(expect(&ch, ev::RDMA_CM_EVENT_ADDR_RESOLVED, deadline, "resolving the address")?);
+    Ok((ch, id))
+}
+
+/// rdma_cm's own timeout for each resolution: the connect's.
+fn cm_ms(t: &RcTransport) -> i32 {
+    t.inner.cfg.connect_timeout.as_millis().min(i32::MAX as u128) as i32
+}
+
+/// Start resolving the route of an id whose address is resolved
+/// (ROUTE_RESOLVED comes on its channel).
+pub(super) fn resolve_route(t: &RcTransport, id: &CmId) -> Result<(), ConnectError> {
     // SAFETY: live id with a resolved address.
-    let rc = unsafe { rdma_sys::rdma_resolve_route(id.as_ptr(), ms) };
+    let rc = unsafe { rdma_sys::rdma_resolve_route(id.as_ptr(), cm_ms(t)) };
     if rc != 0 {
         return Err(verbs_err("rdma_resolve_route", rc));
     }
-    drop(expect(&ch, ev::RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, "resolving the route")?);
+    Ok(())
+}
+
+/// A routed id: move it to the transport's channel (the resolving one,
+/// `ch`, is dropped), create its QP and receives, and send the connect
+/// request with our hello. The answer comes through the returned route.
+pub(super) fn connect_routed(
+    t: &RcTransport,
+    ep: &Endpoint,
+    link: &LinkConfig,
+    ch: Arc<EventChannel>,
+    mut id: CmId,
+) -> Result<(Arc<Io>, RouteGuard), ConnectError> {
     check_device(t, &id)?;
     set_ack_timeout(&id, t.inner.cfg.timeout);
-    // From here on the id's events come through the transport's channel;
-    // this one was for resolving only.
     let hub = t.inner.cm_hub()?;
     let route = hub.route(&id);
-    id.migrate(hub.channel()).map_err(io_err)?;
+    id.migrate(hub.channel()).map_err(|e| ConnectError::Io { endpoint: ep.to_string(), source: e })?;
     drop(ch);
     let id = Arc::new(id);
-    let io = prepare(t, &id, t.shaped(&link, None).map_err(transport_err)?)?;
-    let hello = t.hello(&link, &io).encode();
+    let io = prepare(t, &id, t.shaped(link, None).map_err(transport_err)?)?;
+    let hello = t.hello(link, &io).encode();
     let mut param = conn_param(t, &hello);
     // SAFETY: live id with a QP and a resolved route; `param` and `hello`
     // outlive the call (librdmacm copies the private data).
@@ -173,7 +211,18 @@ pub(super) fn connect(
     if rc != 0 {
         return Err(verbs_err("rdma_connect", rc));
     }
-    let e = route.wait(deadline).ok_or_else(|| ConnectError::Timeout("rdma_cm: connecting".into()))?;
+    Ok((io, route))
+}
+
+/// The listener's answer to our connect request: the connection, and the
+/// driver its rdma_cm watch takes, if it accepted.
+pub(super) fn established(
+    t: &RcTransport,
+    ep: &Endpoint,
+    link: LinkConfig,
+    io: &Arc<Io>,
+    e: super::cm_hub::Event,
+) -> Result<(RcConnection, Driver), ConnectError> {
     match e.kind {
         ev::RDMA_CM_EVENT_ESTABLISHED => {}
         ev::RDMA_CM_EVENT_REJECTED if e.private_data.starts_with(NO_ROOM) => return Err(no_room(ep)),
@@ -185,9 +234,7 @@ pub(super) fn connect(
         }
     }
     let hello = peer_hello(&e.private_data, ep)?;
-    let (conn, driver) = t.finish(io.clone(), link, hello, ep.clone())?;
-    t.engine_of(&io).register(Box::new(Watch::new(route, io, driver)));
-    Ok(conn)
+    t.finish(io.clone(), link, hello, ep.clone())
 }
 
 /// Bind and listen on `ep`; the listener's accepting task runs on an

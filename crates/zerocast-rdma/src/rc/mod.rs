@@ -19,6 +19,7 @@
 
 mod budget;
 mod channel_watch;
+mod cm_connect;
 mod cm_hub;
 mod cm_path;
 mod comp_hub;
@@ -704,6 +705,27 @@ impl zerocast_core::Transport for RcTransport {
             Scheme::RcOob => oob::connect(self, ep, link),
             _ => cm_path::connect(self, ep, link),
         }
+    }
+}
+
+impl RcTransport {
+    /// Connect to an `rc://` endpoint without waiting: the address and
+    /// route resolution, the connect request and the wait for its answer
+    /// run as engine tasks, by [`RcConfig::connect_timeout`], and the
+    /// returned future yields the connection. Dropping it abandons the
+    /// attempt. `rc+oob://` is not connected this way (its side channel
+    /// is a blocking exchange): [`ConnectError::Unavailable`].
+    pub fn connect_nonblocking(
+        &self,
+        ep: &Endpoint,
+    ) -> Result<zerocast_link::Completion<Result<RcConnection, ConnectError>>, ConnectError> {
+        if ep.scheme() != Scheme::Rc {
+            return Err(ConnectError::Unavailable {
+                scheme: ep.scheme(),
+                reason: "only rc:// connects without a waiting thread".into(),
+            });
+        }
+        cm_connect::start(self, ep, self.link_config(ep)?)
     }
 }
 

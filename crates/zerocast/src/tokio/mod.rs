@@ -115,10 +115,13 @@ impl Zerocast {
     /// Connect to `uri`: the same URIs (and `auto://` resolution through
     /// `ZEROCAST_TRANSPORTS`) as [`crate::Zerocast::connect`].
     ///
-    /// On `tcp://` the connect and the hello exchange run on the engine
-    /// with no thread waiting; a name is resolved through
-    /// `tokio::net::lookup_host`. Cancel-safe: a dropped future abandons
-    /// the attempt, and a connection it made meanwhile is closed.
+    /// On `tcp://` (the connect and the hello exchange) and `rc://` (the
+    /// address and route resolution, the connect request and its answer)
+    /// the handshake runs on the engine with no thread waiting; a `tcp://`
+    /// name is resolved through `tokio::net::lookup_host`. `rc+oob://`'s
+    /// side-channel exchange runs on the runtime's blocking pool.
+    /// Cancel-safe: a dropped future abandons the attempt, and a
+    /// connection it made meanwhile is closed.
     pub async fn connect(&self, uri: &str) -> Result<Connection, ConnectError> {
         let ep = self.inner.resolve(&Endpoint::parse(uri)?)?;
         let conn = self.inner.connect_async(&ep).await?;

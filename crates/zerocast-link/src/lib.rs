@@ -44,6 +44,7 @@ mod source;
 mod turn;
 #[cfg(test)]
 mod wake_tests;
+mod wakers;
 mod wire;
 
 pub use completion::{completion, Complete, Completion};
@@ -57,6 +58,7 @@ pub use recv::{RecvBuf, ReleaseToken};
 pub use repost::{Repost, Reposted};
 pub use source::{Pumped, Source};
 pub use turn::{TurnGuard, TurnLock};
+pub use wakers::Wakers;
 pub use wire::{Wire, WireCtx, Writing};
 
 use std::sync::Arc;

@@ -109,7 +109,7 @@ impl Link {
             return std::task::Poll::Ready(());
         }
         self.shared.fold_releases(&mut st);
-        st.add_task_waiter(cx.waker());
+        st.task_waiters.add(cx.waker());
         std::task::Poll::Pending
     }
 
@@ -124,7 +124,7 @@ impl Link {
         if st.writer_done && st.goodbye_sent && st.peer_closed {
             return std::task::Poll::Ready(true);
         }
-        st.add_task_waiter(cx.waker());
+        st.task_waiters.add(cx.waker());
         std::task::Poll::Pending
     }
 

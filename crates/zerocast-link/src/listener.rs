@@ -135,7 +135,7 @@ pub struct CloseSignal {
     tx: Mutex<Option<Sender<()>>>,
     rx: Receiver<()>,
     /// Tasks waiting in [`CloseSignal::poll_wait`].
-    acceptors: Mutex<Vec<std::task::Waker>>,
+    acceptors: Mutex<crate::Wakers>,
 }
 
 impl Default for CloseSignal {
@@ -158,10 +158,8 @@ impl CloseSignal {
     /// the tasks waiting in [`CloseSignal::poll_wait`]. The listener calls
     /// it after each send to its ready channel.
     pub fn queued(&self) {
-        let waiting = std::mem::take(&mut *self.acceptors.lock().unwrap_or_else(|p| p.into_inner()));
-        for w in waiting {
-            w.wake();
-        }
+        let waiting: Vec<_> = self.acceptors.lock().unwrap_or_else(|p| p.into_inner()).take().collect();
+        waiting.into_iter().for_each(std::task::Waker::wake);
     }
 
     /// [`CloseSignal::wait`] for a task: the next item of `ready` if there
@@ -185,12 +183,7 @@ impl CloseSignal {
         if let Some(r) = take() {
             return std::task::Poll::Ready(r);
         }
-        {
-            let mut waiting = self.acceptors.lock().unwrap_or_else(|p| p.into_inner());
-            if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
-                waiting.push(cx.waker().clone());
-            }
-        }
+        self.acceptors.lock().unwrap_or_else(|p| p.into_inner()).add(cx.waker());
         // Queued before the waker was in: found now.
         match take() {
             Some(r) => std::task::Poll::Ready(r),

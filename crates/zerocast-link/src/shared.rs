@@ -56,7 +56,7 @@ pub(crate) struct State {
     pub(crate) cv_waiters: u32,
     /// Tasks waiting for what wakes `credit_cv` (see
     /// [`crate::Link::poll_credit`]), woken once each.
-    pub(crate) task_waiters: Vec<std::task::Waker>,
+    pub(crate) task_waiters: crate::Wakers,
     /// Data frames the sending thread wrote itself.
     pub(crate) direct_sends: u64,
     /// A `Wake` is queued for the writer.
@@ -71,16 +71,6 @@ pub(crate) struct State {
     pub(crate) last_rx: Instant,
     /// Heartbeats on: when the writer last took a batch.
     pub(crate) last_tx: Instant,
-}
-
-impl State {
-    /// Wake `waker` with the next [`Shared::wake_credit_waiters`] (once,
-    /// however often the same task asks).
-    pub(crate) fn add_task_waiter(&mut self, waker: &std::task::Waker) {
-        if !self.task_waiters.iter().any(|w| w.will_wake(waker)) {
-            self.task_waiters.push(waker.clone());
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -174,7 +164,7 @@ impl Shared {
             queued_data: 0,
             direct_sends: 0,
             cv_waiters: 0,
-            task_waiters: Vec::new(),
+            task_waiters: crate::Wakers::default(),
             wake_queued: false,
             ended: false,
             writer_done: false,
@@ -238,9 +228,7 @@ impl Shared {
         if st.cv_waiters > 0 {
             self.credit_cv.notify_all();
         }
-        for w in st.task_waiters.drain(..) {
-            w.wake();
-        }
+        st.task_waiters.take().for_each(std::task::Waker::wake);
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {

@@ -19,14 +19,14 @@ pub struct FdWatch {
 #[derive(Debug, Default)]
 struct Shared {
     /// Who waits; the descriptor is watched while this is not empty.
-    waiting: Mutex<Vec<std::task::Waker>>,
+    waiting: Mutex<crate::Wakers>,
     /// The engine task, once it ran.
     task: OnceLock<Waker>,
     dropped: AtomicBool,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Vec<std::task::Waker>> {
+    fn lock(&self) -> MutexGuard<'_, crate::Wakers> {
         // Every update is one push or one take: consistent after a panic.
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -45,13 +45,7 @@ impl FdWatch {
     /// then look for what came (a `try_recv`), then wait: anything after
     /// the registration makes the descriptor readable.
     pub fn wake_when_readable(&self, waker: &std::task::Waker) {
-        {
-            let mut waiting = self.shared.lock();
-            if waiting.iter().any(|w| w.will_wake(waker)) {
-                return;
-            }
-            waiting.push(waker.clone());
-        }
+        self.shared.lock().add(waker);
         // Before its first run the task reads `waiting` anyway.
         if let Some(task) = self.shared.task.get() {
             task.wake();
@@ -85,15 +79,13 @@ impl Task for WatchTask {
         }
         let ready = {
             let mut waiting = self.shared.lock();
-            let ready = if cx.readable() { std::mem::take(&mut *waiting) } else { Vec::new() };
+            let ready: Vec<_> = if cx.readable() { waiting.take().collect() } else { Vec::new() };
             // Watched while anyone waits; a level-triggered descriptor
             // nobody waits on would make the engine spin.
             cx.set_interest(Interest { read: !waiting.is_empty(), write: false });
             ready
         };
-        for w in ready {
-            w.wake();
-        }
+        ready.into_iter().for_each(std::task::Waker::wake);
         Step::Continue
     }
 }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use zerocast_core::RecvError;
-use zerocast_link::Notify;
+use zerocast_link::{Notify, Wakers};
 
 use crate::poller::AlreadyRegistered;
 
@@ -13,14 +13,12 @@ use crate::poller::AlreadyRegistered;
 /// delivers; each then tries again (one of them takes the message, the
 /// others find nothing and wait anew).
 #[derive(Debug, Default)]
-pub(crate) struct RecvWakers(Mutex<Vec<Waker>>);
+pub(crate) struct RecvWakers(Mutex<Wakers>);
 
 impl Notify for RecvWakers {
     fn notify(&self, _token: usize) {
-        let waiting = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
-        for w in waiting {
-            w.wake();
-        }
+        let waiting: Vec<_> = self.0.lock().unwrap_or_else(|p| p.into_inner()).take().collect();
+        waiting.into_iter().for_each(Waker::wake);
     }
 }
 
@@ -33,13 +31,6 @@ impl RecvWakers {
             Ok(wakers)
         } else {
             Err(AlreadyRegistered)
-        }
-    }
-
-    fn add(&self, waker: &Waker) {
-        let mut waiting = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if !waiting.iter().any(|w| w.will_wake(waker)) {
-            waiting.push(waker.clone());
         }
     }
 
@@ -56,7 +47,7 @@ impl RecvWakers {
             Err(e) if e.is_empty() => {}
             r => return Poll::Ready(r),
         }
-        self.add(cx.waker());
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).add(cx.waker());
         match try_recv() {
             Err(e) if e.is_empty() => Poll::Pending,
             r => Poll::Ready(r),

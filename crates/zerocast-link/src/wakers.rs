@@ -1,0 +1,57 @@
+//! The tasks waiting for one thing: each held once, all woken together.
+
+use std::task::Waker;
+
+/// Wakers of the tasks waiting for one event. A task that asks again
+/// before it is woken is held once (by [`Waker::will_wake`]). The owner
+/// guards it (with the lock of what it waits for).
+#[derive(Debug, Default)]
+pub struct Wakers(Vec<Waker>);
+
+impl Wakers {
+    /// Hold `waker` until the next [`Wakers::take`].
+    pub fn add(&mut self, waker: &Waker) {
+        if !self.0.iter().any(|w| w.will_wake(waker)) {
+            self.0.push(waker.clone());
+        }
+    }
+
+    /// Whether no task waits.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Every waiting task, to be woken (after the owner's lock is let go,
+    /// or under it when waking is cheap).
+    pub fn take(&mut self) -> impl Iterator<Item = Waker> {
+        std::mem::take(&mut self.0).into_iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    use super::*;
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_task_asking_twice_is_held_once_and_woken_once() {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let w = Waker::from(count.clone());
+        let mut set = Wakers::default();
+        set.add(&w);
+        set.add(&w);
+        set.take().for_each(Waker::wake);
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert!(set.is_empty());
+    }
+}

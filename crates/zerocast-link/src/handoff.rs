@@ -84,11 +84,11 @@ mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::Instant;
 
-    use zerocast_core::{Endpoint, FrameKind, Header, LinkConfig, RecvError};
-    use zerocast_mem::{Pool, PoolConfig, Wait};
+    use zerocast_core::{FrameKind, Header, RecvError};
+    use zerocast_mem::{Pool, Wait};
 
     use super::*;
-    use crate::{hello_for, Driver, Link, LinkSetup, Pumped, Source};
+    use crate::{Driver, Link, Pumped, Source};
 
     /// A test double for a backend's read path: each pump hands the driver
     /// the next batch of data frames, numbered in order, and notes how many
@@ -115,16 +115,7 @@ mod tests {
     /// A link whose source pumps `batches`, and the queue lengths its
     /// pumps left.
     fn open(batches: &[std::ops::Range<u32>]) -> (Link, Driver, Arc<Mutex<Vec<usize>>>) {
-        let config = LinkConfig::default().with_recv_window(64);
-        let pool = Pool::unregistered(PoolConfig::default()).unwrap();
-        let setup = LinkSetup {
-            config,
-            peer_hello: hello_for(&config, 4096),
-            pool: pool.clone(),
-            peer: Endpoint::parse("tcp://127.0.0.1:1").unwrap(),
-            repost: false,
-        };
-        let (link, driver, _) = crate::new(setup).unwrap();
+        let (link, driver, pool) = crate::test_link();
         let queued = Arc::default();
         let batches = batches.iter().cloned().collect();
         driver.install_source(Box::new(ScriptedSource { pool, batches, queued: Arc::clone(&queued) }));

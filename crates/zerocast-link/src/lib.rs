@@ -29,6 +29,8 @@
 
 mod completion;
 mod conn;
+#[cfg(test)]
+mod direct_tests;
 mod driver;
 pub mod engine;
 mod handoff;
@@ -56,7 +58,7 @@ pub use listener::{chain as error_chain, Backlog, CloseSignal, ListenerCounters}
 pub use ready::Notify;
 pub use recv::{RecvBuf, ReleaseToken};
 pub use repost::{Repost, Reposted};
-pub use source::{Pumped, Source};
+pub use source::{Pumped, Source, SourceFd};
 pub use turn::{TurnGuard, TurnLock};
 pub use wakers::Wakers;
 pub use wire::{Wire, WireCtx, Writing};
@@ -108,4 +110,21 @@ pub fn hello_for(config: &LinkConfig, buf_size: usize) -> Hello {
         recv_buf_size: u32::try_from(buf_size).unwrap_or(u32::MAX),
         heartbeat_ms: config.heartbeat_ms(),
     }
+}
+
+/// For unit tests: a link of window 64 over an unregistered pool, with no
+/// backend attached, and its driver and pool.
+#[cfg(test)]
+pub(crate) fn test_link() -> (Link, Driver, zerocast_mem::Pool) {
+    let config = LinkConfig::default().with_recv_window(64);
+    let pool = zerocast_mem::Pool::unregistered(zerocast_mem::PoolConfig::default()).unwrap();
+    let setup = LinkSetup {
+        config,
+        peer_hello: hello_for(&config, 4096),
+        pool: pool.clone(),
+        peer: zerocast_core::Endpoint::parse("tcp://127.0.0.1:1").unwrap(),
+        repost: false,
+    };
+    let (link, driver, _) = new(setup).unwrap();
+    (link, driver, pool)
 }

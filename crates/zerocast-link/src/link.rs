@@ -283,8 +283,9 @@ impl Link {
     /// [`RecvError::Disconnected`] (or [`RecvError::Failed`] if the
     /// connection broke).
     pub fn recv(&self, deadline: Option<Instant>) -> Result<RecvBuf, RecvError> {
-        // A connection registered for readiness is read by its engine.
-        if self.shared.source.0.get().is_some() && self.shared.ready.0.get().is_none() {
+        // A connection registered for readiness is read by its engine,
+        // unless the registration reads directly.
+        if self.shared.source.0.get().is_some() && self.shared.ready.0.get().is_none_or(Readiness::direct) {
             if let Some(r) = self.recv_reading(deadline) {
                 return r;
             }
@@ -398,9 +399,16 @@ impl Link {
 
     /// [`Link::try_recv`] on a connection registered for readiness, with
     /// nothing queued: the engine reads for it, so arm the registration
-    /// (see [`crate::ready`]), unless a delivery came meanwhile.
+    /// (see [`crate::ready`]), unless a delivery came meanwhile. One that
+    /// reads directly pumps the source first if its descriptor was seen
+    /// readable ([`Link::source_readable`]).
     #[cold]
     fn try_recv_ready(&self, ready: &Readiness) -> Result<RecvBuf, RecvError> {
+        if ready.direct() && self.shared.source_hint.load(Ordering::Relaxed) {
+            if let Some(d) = self.pump_directly() {
+                return self.deliver(d);
+            }
+        }
         self.return_credits();
         while ready.arm(|| self.shared.delivered.is_empty()) {
             if let Some(d) = self.shared.delivered.try_pop() {
@@ -410,6 +418,95 @@ impl Link {
         Err(RecvError::Empty)
     }
 
+    /// Pump the source for a registration that reads directly: the first
+    /// message it hands over, or the queue's first after it.
+    fn pump_directly(&self) -> Option<Delivery> {
+        self.shared.claim();
+        match self.pump_handing_over(None) {
+            OwnPump::HandedOver(d) => Some(d),
+            OwnPump::Pumped(Some(Pumped::Frames | Pumped::Done)) => self.shared.delivered.try_pop(),
+            OwnPump::Pumped(Some(Pumped::Idle)) => None,
+            // Another thread pumps (the engine at its timer): the hint
+            // stays for the next look, and its deliveries are reported.
+            OwnPump::Pumped(None) => {
+                self.shared.source_hint.store(true, Ordering::Release);
+                None
+            }
+        }
+    }
+
+    /// For a registration that reads directly, when a task waits for
+    /// credit and no receive may be reading: pump the source if its
+    /// descriptor was seen readable. Its messages are queued (and
+    /// reported); its credits wake the credit waiters. `false` if there
+    /// was nothing to do.
+    pub fn pump_for_credit(&self) -> bool {
+        let direct = self.shared.ready.0.get().is_some_and(Readiness::direct);
+        if !direct || !self.shared.source_hint.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.shared.claim();
+        let pumped = self.reader.pump_as(None, false, Awaited::Nothing);
+        if pumped.is_none() {
+            self.shared.source_hint.store(true, Ordering::Release);
+        }
+        self.return_credits();
+        true
+    }
+
+    /// The descriptor that turns readable when this connection's source
+    /// has something new, if its backend has one (see
+    /// [`Link::read_directly`]).
+    pub fn source_fd(&self) -> Option<crate::SourceFd> {
+        self.shared.source_fd.0.get().cloned()
+    }
+
+    /// Tell a registration that reads directly that the source's
+    /// descriptor was seen readable: the next `try_recv` (or
+    /// [`Link::pump_for_credit`]) reads it. Who watches the descriptor
+    /// must call this on every readiness it takes, or arrivals wait for
+    /// the engine's timer.
+    pub fn source_readable(&self) {
+        self.shared.source_hint.store(true, Ordering::Release);
+    }
+
+    /// Whether a message (or the end) is queued for the application.
+    #[inline]
+    pub fn has_queued(&self) -> bool {
+        !self.shared.delivered.is_empty()
+    }
+
+    /// Whether the connection is registered to read directly now.
+    pub fn reads_directly(&self) -> bool {
+        self.shared.ready.0.get().is_some_and(Readiness::direct)
+    }
+
+    /// Register as [`Link::notify_on_ready`] does, except that the
+    /// application reads the source itself: it watches
+    /// [`Link::source_fd`] (which must exist), reports each readiness
+    /// with [`Link::source_readable`], and `try_recv` then pumps the
+    /// source on the calling thread. The engine stops reading, but for its
+    /// timer (heartbeats, a stalled frame); `notify` is told of what
+    /// others deliver (the engine, a failure, the end). For an async
+    /// runtime, whose reactor then wakes the receiving task itself.
+    /// `false` if the connection was registered before or has no source
+    /// descriptor.
+    pub fn read_directly(&self, notify: Arc<dyn Notify>, token: usize) -> bool {
+        if self.shared.source_fd.0.get().is_none() {
+            return false;
+        }
+        self.register(Readiness::new(notify, token, true))
+    }
+
+    /// A registration that reads directly goes back to being read by its
+    /// engine, for good (for a thread that will not watch the descriptor).
+    pub fn stop_reading_directly(&self) {
+        if let Some(ready) = self.shared.ready.0.get() {
+            ready.stop_direct();
+            self.shared.unclaim();
+        }
+    }
+
     /// Register this connection for readiness: from now on `notify` is
     /// told `token` whenever a message or the end is queued for the
     /// application while the registration is armed, and the engine reads
@@ -417,13 +514,22 @@ impl Link {
     /// is queued already is reported now. `false` if the connection was
     /// registered before (a connection has one registration for its life).
     pub fn notify_on_ready(&self, notify: Arc<dyn Notify>, token: usize) -> bool {
-        if self.shared.ready.0.set(Readiness::new(notify, token)).is_err() {
+        self.register(Readiness::new(notify, token, false))
+    }
+
+    fn register(&self, readiness: Readiness) -> bool {
+        if self.shared.ready.0.set(readiness).is_err() {
             return false;
         }
-        // The engine reads from now on, even if a receiving thread had
-        // claimed the connection.
-        self.shared.unclaim();
         let ready = self.shared.ready.0.get().expect("just set");
+        if ready.direct() {
+            // The engine stops reading.
+            self.shared.claim();
+        } else {
+            // The engine reads from now on, even if a receiving thread
+            // had claimed the connection.
+            self.shared.unclaim();
+        }
         if ready.arm(|| self.shared.delivered.is_empty()) {
             ready.delivered_now();
         }

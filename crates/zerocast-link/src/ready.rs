@@ -2,7 +2,11 @@
 //! instead of a thread waiting on each connection.
 //!
 //! A connection registered with a [`Notify`] ([`crate::Link::notify_on_ready`])
-//! is read by its engine only; no receiving thread claims it. Each time
+//! is read by its engine only; no receiving thread claims it. One
+//! registered to read directly ([`crate::Link::read_directly`]) is read by
+//! the application instead, when its source's descriptor turns readable
+//! (the application watches it, as an async runtime's reactor does), and
+//! by the engine only at its timer. Each time
 //! the engine (or whoever delivers) queues a message or the end for the
 //! application while the registration is *armed*, it disarms it and calls
 //! [`Notify::notify`] with the connection's token, once. The application
@@ -39,17 +43,34 @@ pub(crate) struct Readiness {
     token: usize,
     /// Report the next delivery.
     armed: AtomicBool,
+    /// The application reads the source itself (see the module docs).
+    direct: AtomicBool,
 }
 
 impl fmt::Debug for Readiness {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Readiness").field("token", &self.token).field("armed", &self.armed).finish()
+        f.debug_struct("Readiness")
+            .field("token", &self.token)
+            .field("armed", &self.armed)
+            .field("direct", &self.direct)
+            .finish()
     }
 }
 
 impl Readiness {
-    pub(crate) fn new(notify: Arc<dyn Notify>, token: usize) -> Self {
-        Self { notify, token, armed: AtomicBool::new(false) }
+    pub(crate) fn new(notify: Arc<dyn Notify>, token: usize, direct: bool) -> Self {
+        Self { notify, token, armed: AtomicBool::new(false), direct: AtomicBool::new(direct) }
+    }
+
+    /// Whether the application reads the source itself.
+    #[inline]
+    pub(crate) fn direct(&self) -> bool {
+        self.direct.load(Ordering::SeqCst)
+    }
+
+    /// From now on the engine reads for the application.
+    pub(crate) fn stop_direct(&self) {
+        self.direct.store(false, Ordering::SeqCst);
     }
 
     /// A delivery was queued: report it if armed.

@@ -12,6 +12,7 @@ use crate::engine::Waker;
 use crate::queue::Queue;
 use crate::ready::Readiness;
 use crate::repost::{Repost, Reposted};
+use crate::source::SourceFd;
 use crate::source::SourceLock;
 use crate::wire::WireLock;
 use crate::{Driver, LinkSetup};
@@ -104,8 +105,15 @@ pub(crate) struct Shared {
     /// rung by a local close (see [`crate::interrupt`]).
     pub(crate) credit_sleeper: Mutex<Option<Arc<crate::interrupt::Sleeper>>>,
     /// Told of deliveries, when the application registered the connection
-    /// for readiness (see [`crate::ready`]); it then never claims the source.
+    /// for readiness (see [`crate::ready`]); it then claims the source
+    /// only if the registration reads directly.
     pub(crate) ready: Hook<Readiness>,
+    /// The descriptor that turns readable when the source has something
+    /// new (see [`crate::Driver::set_source_fd`]).
+    pub(crate) source_fd: Hook<SourceFd>,
+    /// The application saw [`Shared::source_fd`] readable and has not
+    /// pumped since: the next pump reads without asking first.
+    pub(crate) source_hint: AtomicBool,
     /// The engine task is woken for its writer, whose step has not yet
     /// begun: further wake-ups for the writer are merged into that run
     /// (see [`Shared::kick`]; the step clears it).
@@ -191,6 +199,8 @@ impl Shared {
             bg_pumping: AtomicBool::new(false),
             waker: Hook::default(),
             ready: Hook::default(),
+            source_fd: Hook::default(),
+            source_hint: AtomicBool::new(true),
             credit_sleeper: Mutex::new(None),
             scheduled: AtomicBool::new(false),
             claimed: AtomicBool::new(false),
@@ -288,12 +298,15 @@ impl Shared {
     /// one that reads: the engine must read for it once that one stops.
     /// (Raised, then the waiters read; a waiter counts itself, then lowers
     /// it: with both orders sequentially consistent, one of them sees the
-    /// other.)
+    /// other.) Nor on a connection its engine reads for a readiness
+    /// registration, checked again after the claim, as a registration
+    /// that stops reading directly lowers the flag after it changes mode.
     #[inline(always)]
     pub(crate) fn claim(&self) {
-        if !self.claimed.load(Ordering::Relaxed) && self.ready.0.get().is_none() {
+        let mine = || self.ready.0.get().is_none_or(Readiness::direct);
+        if !self.claimed.load(Ordering::Relaxed) && mine() {
             self.claimed.store(true, Ordering::SeqCst);
-            if self.queue_waiters.load(Ordering::SeqCst) > 0 {
+            if self.queue_waiters.load(Ordering::SeqCst) > 0 || !mine() {
                 self.unclaim();
             }
         }

@@ -10,8 +10,9 @@
 //! the reading to it; otherwise the engine reads (credits, goodbyes and
 //! data for a busy application still arrive).
 
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, TryLockError};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Instant;
 
 use crate::interrupt::{CreditWait, Interrupt};
@@ -50,9 +51,19 @@ pub trait Source: Send {
     /// for it. After [`Pumped::Done`], every later call returns `Done` at
     /// once.
     fn pump(&mut self, driver: &Driver, until: Option<Instant>) -> Pumped;
+
+    /// The source's descriptor (see [`Driver::set_source_fd`]) was seen
+    /// readable since the last pump: the next pump may read it without
+    /// asking whether there is anything first.
+    fn readable(&mut self) {}
 }
 
 pub(crate) type SourceLock = Mutex<Box<dyn Source>>;
+
+/// A descriptor that turns readable whenever a source has something new
+/// (data, its end, an error): what an application that reads the source
+/// itself waits on (see [`crate::Link::read_directly`]).
+pub type SourceFd = Arc<dyn AsFd + Send + Sync>;
 
 impl Driver {
     /// Let receiving threads read through `source` (see the module docs).
@@ -83,6 +94,14 @@ impl Driver {
     /// slices.
     pub fn watches_interrupt(&self) {
         self.shared.interrupt_watched.store(true, Ordering::Relaxed);
+    }
+
+    /// The installed source has one descriptor that turns readable
+    /// whenever it has something new, so that an application may watch it
+    /// and read the source itself (see [`crate::Link::read_directly`]). A
+    /// second call is ignored.
+    pub fn set_source_fd(&self, fd: SourceFd) {
+        let _ = self.shared.source_fd.0.set(fd);
     }
 
     /// Pump the installed source from the backend's engine task, unless
@@ -130,6 +149,11 @@ impl Driver {
                 _ => None,
             };
             let until = if until.is_some() && self.already_there(awaited) { None } else { until };
+            if self.shared.source_hint.load(Ordering::Relaxed)
+                && self.shared.source_hint.swap(false, Ordering::AcqRel)
+            {
+                s.readable();
+            }
             s.pump(self, until)
         });
         if background {

@@ -26,6 +26,12 @@ impl Wakers {
     pub fn take(&mut self) -> impl Iterator<Item = Waker> {
         std::mem::take(&mut self.0).into_iter()
     }
+
+    /// Wake every waiting task now, keeping the set's allocation for the
+    /// next ones (under the owner's lock: for wakers that only schedule).
+    pub fn wake_all(&mut self) {
+        self.0.drain(..).for_each(Waker::wake);
+    }
 }
 
 #[cfg(test)]

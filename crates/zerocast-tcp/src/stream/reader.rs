@@ -266,6 +266,10 @@ impl Source for Reader {
             }
         }
     }
+
+    fn readable(&mut self) {
+        self.attention.readable();
+    }
 }
 
 impl Reader {

@@ -54,6 +54,7 @@ impl ConnTask {
     pub(super) fn new(sock: Arc<Socket>, driver: Driver, frame_timeout: Duration, peer_window: u32) -> Self {
         let attention = Arc::new(Attention::default());
         driver.install_waking_source(Box::new(Reader::new(sock.clone(), frame_timeout, attention.clone())));
+        driver.set_source_fd(sock.clone());
         driver.watches_interrupt();
         Self {
             sock,
@@ -116,7 +117,10 @@ impl Task for ConnTask {
             // are judged on what has arrived. So when the pool wakes us
             // for a payload waiting for a buffer.
             let buffer_back = cx.woken() && self.attention.starved();
-            if tick || buffer_back || ((cx.readable() || handed_back) && !self.driver.reader_claimed()) {
+            // Lingering, the engine reads to the peer's end of stream
+            // though a receiver holds the socket: no receiver waits for it.
+            let mine = !self.driver.reader_claimed() || self.lingering.is_some();
+            if tick || buffer_back || ((cx.readable() || handed_back) && mine) {
                 if cx.readable() {
                     self.attention.readable();
                 }
@@ -159,7 +163,9 @@ impl Task for ConnTask {
         if self.lingering.is_some_and(|deadline| !self.reading || cx.now() >= deadline) {
             return self.end();
         }
-        let read = self.reading && !self.awaiting_handback && !self.driver.reader_claimed();
+        let read = self.reading
+            && !self.awaiting_handback
+            && (!self.driver.reader_claimed() || self.lingering.is_some());
         cx.set_interest(Interest { read, write: self.backlog });
         let stall = if self.reading { self.attention.get() } else { None };
         let timer = [stall, self.heartbeat, self.lingering].into_iter().flatten().min();

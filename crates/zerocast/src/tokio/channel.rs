@@ -5,7 +5,6 @@
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -14,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use yoke::Yokeable;
 use zerocast_core::{RecvError, SendError};
 
-use super::ready::RecvWakers;
+use super::ready::Reading;
 use crate::borrow::Guard;
 use crate::codec::{Bincode, Codec};
 use crate::error::TypedRecvError;
@@ -28,13 +27,14 @@ use crate::error::TypedRecvError;
 /// sends it.
 pub struct Sender<T, C = Bincode> {
     inner: crate::Sender<T, C>,
+    reading: Reading,
     /// The `Sink`'s message, accepted and not yet sent.
     queued: Option<T>,
 }
 
 impl<T, C> Clone for Sender<T, C> {
     fn clone(&self) -> Self {
-        Self { inner: self.inner.clone(), queued: None }
+        Self { inner: self.inner.clone(), reading: self.reading.clone(), queued: None }
     }
 }
 
@@ -45,13 +45,31 @@ impl<T, C: Codec> fmt::Debug for Sender<T, C> {
 }
 
 impl<T, C: Codec> Sender<T, C> {
-    pub(crate) fn new(inner: crate::Sender<T, C>) -> Self {
-        Self { inner, queued: None }
+    pub(crate) fn new(inner: crate::Sender<T, C>, reading: Reading) -> Self {
+        Self { inner, reading, queued: None }
     }
 
     /// The blocking form, for a thread outside the runtime.
     pub fn into_blocking(self) -> crate::Sender<T, C> {
+        self.reading.stop(self.inner.connection().link());
         self.inner
+    }
+
+    /// Retry `send` while it finds no credit and a read of the source (see
+    /// [`Reading::pump_for_waiter`]) may have brought some.
+    fn poll_sending(
+        &self,
+        cx: &mut Context<'_>,
+        mut send: impl FnMut(&Context<'_>) -> Result<(), SendError<()>>,
+    ) -> Poll<Result<(), SendError<()>>> {
+        loop {
+            match send(cx) {
+                Err(SendError::Full(()))
+                    if self.reading.pump_for_waiter(self.inner.connection().link(), cx) => {}
+                Err(SendError::Full(())) => return Poll::Pending,
+                r => return Poll::Ready(r),
+            }
+        }
     }
 }
 
@@ -93,10 +111,7 @@ impl<T: Serialize, C: Codec> Sender<T, C> {
     /// One attempt for a task: `Pending` with the task set to be woken
     /// when credit or a buffer comes.
     fn poll_send_ref(&self, msg: &T, cx: &mut Context<'_>) -> Poll<Result<(), SendError<()>>> {
-        match self.inner.send_or_wake(msg, cx.waker()) {
-            Err(SendError::Full(())) => Poll::Pending,
-            r => Poll::Ready(r),
-        }
+        self.poll_sending(cx, |cx| self.inner.send_or_wake(msg, cx.waker()))
     }
 
     /// Send the `Sink`'s queued message, if any.
@@ -120,11 +135,7 @@ where
     /// Send a borrowing message (see [`crate::Sender::send_borrowed`]),
     /// waiting for credit. Cancel-safe: sent whole or not at all.
     pub async fn send_borrowed<'a>(&self, msg: &<T as Yokeable<'a>>::Output) -> Result<(), SendError<()>> {
-        poll_fn(|cx| match self.inner.send_borrowed_or_wake(msg, cx.waker()) {
-            Err(SendError::Full(())) => Poll::Pending,
-            r => Poll::Ready(r),
-        })
-        .await
+        poll_fn(|cx| self.poll_sending(cx, |cx| self.inner.send_borrowed_or_wake(msg, cx.waker()))).await
     }
 }
 
@@ -166,12 +177,12 @@ impl<T: Serialize + Unpin, C: Codec> futures_sink::Sink<T> for Sender<T, C> {
 /// that ends at the peer's clean close.
 pub struct Receiver<T, C = Bincode> {
     inner: crate::Receiver<T, C>,
-    wakers: Arc<RecvWakers>,
+    reading: Reading,
 }
 
 impl<T, C> Clone for Receiver<T, C> {
     fn clone(&self) -> Self {
-        Self { inner: self.inner.clone(), wakers: self.wakers.clone() }
+        Self { inner: self.inner.clone(), reading: self.reading.clone() }
     }
 }
 
@@ -182,13 +193,14 @@ impl<T, C: Codec> fmt::Debug for Receiver<T, C> {
 }
 
 impl<T, C: Codec> Receiver<T, C> {
-    pub(crate) fn new(inner: crate::Receiver<T, C>, wakers: Arc<RecvWakers>) -> Self {
-        Self { inner, wakers }
+    pub(crate) fn new(inner: crate::Receiver<T, C>, reading: Reading) -> Self {
+        Self { inner, reading }
     }
 
     /// The blocking form, for a thread outside the runtime (see
     /// [`super::Connection::into_blocking`]).
     pub fn into_blocking(self) -> crate::Receiver<T, C> {
+        self.reading.stop(self.inner.connection().link());
         self.inner
     }
 }
@@ -214,7 +226,7 @@ impl<T: DeserializeOwned, C: Codec> Receiver<T, C> {
 
     /// The receive of a hand-written future.
     pub fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Result<T, TypedRecvError>> {
-        self.wakers.poll(cx, || self.inner.try_recv())
+        self.reading.poll(self.inner.connection().link(), cx, || self.inner.try_recv())
     }
 }
 
@@ -226,7 +238,8 @@ where
     /// Receive without copying out of the receive buffer (see
     /// [`crate::Receiver::recv_ref`]). Cancel-safe.
     pub async fn recv_ref(&self) -> Result<Guard<T>, TypedRecvError> {
-        poll_fn(|cx| self.wakers.poll(cx, || self.inner.try_recv_ref())).await
+        let link = self.inner.connection().link();
+        poll_fn(|cx| self.reading.poll(link, cx, || self.inner.try_recv_ref())).await
     }
 
     /// [`Receiver::recv_ref`] if a message is buffered.

@@ -2,7 +2,6 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -13,7 +12,7 @@ use zerocast_link::{LinkStats, RecvBuf};
 use zerocast_mem::{Buf, PoolError};
 
 use super::channel::{Receiver, Sender};
-use super::ready::RecvWakers;
+use super::ready::Reading;
 use crate::codec::{Bincode, Codec};
 use crate::poller::AlreadyRegistered;
 
@@ -33,7 +32,7 @@ use crate::poller::AlreadyRegistered;
 #[derive(Debug, Clone)]
 pub struct Connection {
     conn: crate::Connection,
-    wakers: Arc<RecvWakers>,
+    reading: Reading,
 }
 
 impl Connection {
@@ -44,8 +43,8 @@ impl Connection {
     /// is registered with a [`crate::Poller`] (a connection has one
     /// registration for its life).
     pub fn from_blocking(conn: crate::Connection) -> Result<Self, AlreadyRegistered> {
-        let wakers = RecvWakers::register(&conn)?;
-        Ok(Self { conn, wakers })
+        let reading = Reading::register(&conn)?;
+        Ok(Self { conn, reading })
     }
 
     /// A connection just opened or accepted, which has no registration.
@@ -55,15 +54,20 @@ impl Connection {
     }
 
     /// The blocking form of this connection, for a thread outside the
-    /// runtime. It stays read by its engine: a blocking `recv` waits for
-    /// the engine's deliveries, as on a connection registered with a
+    /// runtime. From now on its engine reads it (a `tcp://` connection
+    /// stops being read directly by its tasks), so a blocking `recv` waits
+    /// for the engine's deliveries, as on a connection registered with a
     /// [`crate::Poller`]. Never call blocking methods from a task: they
     /// would hold the runtime's thread, and the engine may need it.
     pub fn into_blocking(self) -> crate::Connection {
+        self.reading.stop(self.conn.link());
         self.conn
     }
 
-    /// The blocking form, borrowed (see [`Connection::into_blocking`]).
+    /// The blocking form, borrowed, for what the async form lacks (see
+    /// [`Connection::into_blocking`]). The connection stays as it is: on
+    /// `tcp://` its tasks read it when the reactor says so, so a blocking
+    /// `try_recv` here finds only what a task or the engine has read.
     pub fn as_blocking(&self) -> &crate::Connection {
         &self.conn
     }
@@ -137,13 +141,20 @@ impl Connection {
 
     /// Send `slot`'s buffer now, or keep it there and wait for credit.
     fn poll_send(&self, slot: &mut Option<Buf>, cx: &mut Context<'_>) -> Poll<Result<(), SendError<Buf>>> {
-        let Some(buf) = slot.take() else { return Poll::Ready(Ok(())) };
-        match self.conn.send_or_wake(buf, cx.waker()) {
-            Err(SendError::Full(buf)) => {
-                *slot = Some(buf);
-                Poll::Pending
+        let Some(mut buf) = slot.take() else { return Poll::Ready(Ok(())) };
+        loop {
+            match self.conn.send_or_wake(buf, cx.waker()) {
+                // The peer's credit may be in the socket, which no task
+                // reads but the waiting ones.
+                Err(SendError::Full(back)) if self.reading.pump_for_waiter(self.conn.link(), cx) => {
+                    buf = back
+                }
+                Err(SendError::Full(back)) => {
+                    *slot = Some(back);
+                    return Poll::Pending;
+                }
+                r => return Poll::Ready(r),
             }
-            r => Poll::Ready(r),
         }
     }
 
@@ -158,7 +169,23 @@ impl Connection {
     /// take the credit first, so follow it with [`Connection::try_send`]
     /// and wait again on `Full`.
     pub async fn ready(&self) {
-        poll_fn(|cx| self.conn.link().poll_credit(cx)).await
+        poll_fn(|cx| self.poll_waiting(cx, |link, cx| link.poll_credit(cx))).await
+    }
+
+    /// `poll` again while it is pending and a read of the source (see
+    /// [`Reading::pump_for_waiter`]) may have brought what it waits for.
+    fn poll_waiting<T>(
+        &self,
+        cx: &mut Context<'_>,
+        mut poll: impl FnMut(&zerocast_link::Link, &mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
+        let link = self.conn.link();
+        loop {
+            match poll(link, cx) {
+                Poll::Pending if self.reading.pump_for_waiter(link, cx) => {}
+                r => return r,
+            }
+        }
     }
 
     /// Receive the next message. After the peer closes, buffered messages
@@ -185,7 +212,7 @@ impl Connection {
     /// The receive of a hand-written future: `Ready` with the next message
     /// (or the end), else `Pending` with the task woken when one comes.
     pub fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Result<RecvBuf, RecvError>> {
-        self.wakers.poll(cx, || self.conn.try_recv())
+        self.reading.poll(self.conn.link(), cx, || self.conn.try_recv())
     }
 
     /// Close the sending side; the peer sees a disconnect after the
@@ -200,7 +227,7 @@ impl Connection {
     /// dropped future leaves the connection closed for sending.
     pub async fn close_and_wait(&self) -> bool {
         self.conn.close();
-        poll_fn(|cx| self.conn.link().poll_closed(cx)).await
+        poll_fn(|cx| self.poll_waiting(cx, |link, cx| link.poll_closed(cx))).await
     }
 
     /// Typed halves with the default codec (bincode).
@@ -212,7 +239,7 @@ impl Connection {
     /// [`crate::Connection::split_with`]).
     pub fn split_with<S, R, C: Codec>(self, codec: C) -> (Sender<S, C>, Receiver<R, C>) {
         let (tx, rx) = self.conn.split_with(codec);
-        (Sender::new(tx), Receiver::new(rx, self.wakers))
+        (Sender::new(tx, self.reading.clone()), Receiver::new(rx, self.reading))
     }
 }
 

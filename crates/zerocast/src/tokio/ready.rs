@@ -1,56 +1,180 @@
-//! The tasks waiting to receive on one connection: the connection's
-//! readiness registration wakes them.
+//! How tasks learn that a connection has something for them.
+//!
+//! A connection whose backend has a source descriptor (a `tcp://` socket)
+//! is read by its tasks themselves: the descriptor is registered with the
+//! runtime's reactor, whose readiness wakes the waiting tasks directly,
+//! and the task that runs pumps the source ([`zerocast_link::Link::read_directly`]).
+//! The engine then reads it only at its timer. Other connections are read
+//! by their engine, which wakes the waiting tasks through the
+//! connection's readiness registration.
 
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Wake, Waker};
 
+use ::tokio::io::unix::AsyncFd;
+use ::tokio::io::Interest;
 use zerocast_core::RecvError;
-use zerocast_link::{Notify, Wakers};
+use zerocast_link::{Link, Notify, SourceFd, Wakers};
 
 use crate::poller::AlreadyRegistered;
 
-/// Wakes every task waiting to receive when the connection's engine
-/// delivers; each then tries again (one of them takes the message, the
-/// others find nothing and wait anew).
+/// The tasks waiting on one connection: to receive, or for what a pump
+/// of its source brings (credit, the end). Woken together by a delivery
+/// the engine queues, or by the reactor when the source's descriptor
+/// turns readable; each then tries again.
 #[derive(Debug, Default)]
 pub(crate) struct RecvWakers(Mutex<Wakers>);
 
-impl Notify for RecvWakers {
-    fn notify(&self, _token: usize) {
-        let waiting: Vec<_> = self.0.lock().unwrap_or_else(|p| p.into_inner()).take().collect();
-        waiting.into_iter().for_each(Waker::wake);
+impl RecvWakers {
+    fn add(&self, waker: &Waker) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).add(waker);
     }
 }
 
-impl RecvWakers {
-    /// Register `conn` with a new set: its engine reads it from now on.
-    pub(crate) fn register(conn: &crate::Connection) -> Result<Arc<Self>, AlreadyRegistered> {
-        let wakers = Arc::new(Self::default());
-        let notify: Arc<dyn Notify> = wakers.clone();
-        if conn.link().notify_on_ready(notify, 0) {
-            Ok(wakers)
-        } else {
-            Err(AlreadyRegistered)
-        }
+impl Notify for RecvWakers {
+    fn notify(&self, _token: usize) {
+        // Woken under the lock, which keeps the set's allocation: a wake
+        // only schedules a task.
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).wake_all();
+    }
+}
+
+/// The reactor's wake for the source's descriptor.
+impl Wake for RecvWakers {
+    fn wake(self: Arc<Self>) {
+        self.notify(0);
     }
 
-    /// Take with `try_recv` what is there; otherwise register the task and
-    /// look once more. A `try_recv` that finds nothing arms the
-    /// registration, so whatever comes after the second look is reported,
-    /// and whatever came between the two looks is found by the second.
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.notify(0);
+    }
+}
+
+/// The source's descriptor, held (and so kept open) for the reactor.
+struct Watched(SourceFd);
+
+impl AsRawFd for Watched {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+/// A connection's registration for tasks: its waiters and, when its tasks
+/// read it themselves, its source's descriptor in the reactor.
+#[derive(Clone)]
+pub(crate) struct Reading {
+    wakers: Arc<RecvWakers>,
+    /// `wakers` as the reactor's waker.
+    waker: Waker,
+    fd: Option<Arc<AsyncFd<Watched>>>,
+}
+
+impl std::fmt::Debug for Reading {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reading").field("direct", &self.fd.is_some()).finish()
+    }
+}
+
+impl Reading {
+    /// Register `conn`: read by its tasks if it has a source descriptor
+    /// and this thread is in a runtime, else by its engine.
+    pub(crate) fn register(conn: &crate::Connection) -> Result<Self, AlreadyRegistered> {
+        let wakers = Arc::new(RecvWakers::default());
+        let link = conn.link();
+        let fd =
+            link.source_fd().filter(|_| ::tokio::runtime::Handle::try_current().is_ok()).and_then(|fd| {
+                // The descriptor is the source's, which `Watched` holds
+                // open (an `Arc` of the socket) for the `AsyncFd`'s whole
+                // life: the I/O-safety condition of tokio's newer,
+                // `unsafe` registration, which this crate does not call.
+                #[allow(deprecated)]
+                let registered = AsyncFd::with_interest(Watched(fd), Interest::READABLE);
+                registered.ok()
+            });
+        let notify: Arc<dyn Notify> = wakers.clone();
+        let registered = match fd {
+            Some(_) => link.read_directly(notify, 0),
+            None => link.notify_on_ready(notify, 0),
+        };
+        if !registered {
+            return Err(AlreadyRegistered);
+        }
+        Ok(Self { waker: Waker::from(wakers.clone()), wakers, fd: fd.map(Arc::new) })
+    }
+
+    /// Take with `try_recv` what is there, reading the source first
+    /// whenever the reactor says its descriptor is readable; otherwise
+    /// register the task and look again. A `try_recv` that finds nothing
+    /// arms the registration (and the reactor's readiness, once taken, is
+    /// asked again), so whatever comes after the last look is reported,
+    /// and whatever came between two looks is found by the second.
     pub(crate) fn poll<T, E: Empty>(
         &self,
+        link: &Link,
         cx: &mut Context<'_>,
         mut try_recv: impl FnMut() -> Result<T, E>,
     ) -> Poll<Result<T, E>> {
-        match try_recv() {
-            Err(e) if e.is_empty() => {}
-            r => return Poll::Ready(r),
+        let mut registered = false;
+        loop {
+            // What is queued comes first; the reactor is asked only when
+            // the queue is empty.
+            let read = !link.has_queued() && self.readable(link);
+            match try_recv() {
+                Err(e) if e.is_empty() => {}
+                r => return Poll::Ready(r),
+            }
+            if read {
+                continue;
+            }
+            if registered {
+                return Poll::Pending;
+            }
+            self.wakers.add(cx.waker());
+            registered = true;
         }
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).add(cx.waker());
-        match try_recv() {
-            Err(e) if e.is_empty() => Poll::Pending,
-            r => Poll::Ready(r),
+    }
+
+    /// For a task that waits for what the source brings other than a
+    /// message (credit, the end): when its tasks read the connection, read
+    /// it now if the reactor says there is something, and have the task
+    /// woken when there is more. `true`: it read, so look again.
+    pub(crate) fn pump_for_waiter(&self, link: &Link, cx: &mut Context<'_>) -> bool {
+        if self.fd.is_none() || !link.reads_directly() {
+            return false;
+        }
+        self.wakers.add(cx.waker());
+        self.readable(link) && link.pump_for_credit()
+    }
+
+    /// Whether the reactor saw the source's descriptor readable since the
+    /// last look (the link is told, so its next pump reads); if not, the
+    /// waiters are woken when it is.
+    fn readable(&self, link: &Link) -> bool {
+        let Some(fd) = self.fd.as_ref().filter(|_| link.reads_directly()) else { return false };
+        match fd.poll_read_ready(&mut Context::from_waker(&self.waker)) {
+            Poll::Ready(Ok(mut ready)) => {
+                // Forget what the reactor saw before this pump: whatever
+                // comes after it raises readiness anew.
+                ready.clear_ready();
+                link.source_readable();
+                true
+            }
+            Poll::Ready(Err(e)) => {
+                // The reactor is going away: its engine reads for it.
+                tracing::debug!(error = %e, "zerocast: the reactor dropped a connection's descriptor");
+                link.stop_reading_directly();
+                false
+            }
+            Poll::Pending => false,
+        }
+    }
+
+    /// Its engine reads the connection from now on (for a thread that will
+    /// not watch the descriptor).
+    pub(crate) fn stop(&self, link: &Link) {
+        if self.fd.is_some() {
+            link.stop_reading_directly();
         }
     }
 }

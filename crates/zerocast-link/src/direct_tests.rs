@@ -1,0 +1,177 @@
+//! A registration that reads directly ([`crate::Link::read_directly`]):
+//! the application pumps the source only when told its descriptor is
+//! readable, the engine leaves the reading to it, and what others deliver
+//! is reported. The source is a test double that hands over scripted
+//! batches and counts its pumps and readiness hints.
+
+use std::collections::VecDeque;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use zerocast_core::{FrameKind, Header, RecvError};
+use zerocast_mem::{Pool, Wait};
+
+use crate::{Driver, Link, Notify, Pumped, Source};
+
+/// A test double for a backend's read path: each pump hands the driver
+/// the next scripted batch of data frames, numbered in order.
+struct Scripted {
+    pool: Pool,
+    batches: Arc<Mutex<VecDeque<std::ops::Range<u32>>>>,
+    pumps: Arc<AtomicUsize>,
+    hints: Arc<AtomicUsize>,
+}
+
+impl Source for Scripted {
+    fn pump(&mut self, driver: &Driver, _until: Option<Instant>) -> Pumped {
+        self.pumps.fetch_add(1, Ordering::SeqCst);
+        let Some(batch) = self.batches.lock().unwrap().pop_front() else { return Pumped::Idle };
+        for seq in batch {
+            let mut buf = self.pool.alloc(4, Wait::No).unwrap();
+            buf.copy_from_slice(&seq.to_le_bytes());
+            driver.on_frame(Header::new(FrameKind::Data, 0, seq, 4), Some(buf)).unwrap();
+        }
+        Pumped::Frames
+    }
+
+    fn readable(&mut self) {
+        self.hints.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[derive(Default)]
+struct Count(AtomicUsize);
+
+impl Notify for Count {
+    fn notify(&self, _token: usize) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+struct Fixture {
+    link: Link,
+    driver: Driver,
+    batches: Arc<Mutex<VecDeque<std::ops::Range<u32>>>>,
+    pumps: Arc<AtomicUsize>,
+    hints: Arc<AtomicUsize>,
+    notified: Arc<Count>,
+}
+
+impl Fixture {
+    /// A link whose source has a descriptor (`with_fd`), not yet registered.
+    fn new(with_fd: bool) -> Self {
+        let (link, driver, pool) = crate::test_link();
+        let (batches, pumps, hints) = (Arc::default(), Arc::default(), Arc::default());
+        let source = Scripted {
+            pool,
+            batches: Arc::clone(&batches),
+            pumps: Arc::clone(&pumps),
+            hints: Arc::clone(&hints),
+        };
+        driver.install_source(Box::new(source));
+        if with_fd {
+            let (a, _b) = UnixStream::pair().unwrap();
+            driver.set_source_fd(Arc::new(a));
+        }
+        Self { link, driver, batches, pumps, hints, notified: Arc::default() }
+    }
+
+    fn direct() -> Self {
+        let f = Self::new(true);
+        assert!(f.link.read_directly(f.notified.clone(), 7));
+        f
+    }
+
+    fn script(&self, batch: std::ops::Range<u32>) {
+        self.batches.lock().unwrap().push_back(batch);
+    }
+
+    fn seq(&self) -> u32 {
+        let m = self.link.try_recv().expect("a message");
+        u32::from_le_bytes(m[..4].try_into().unwrap())
+    }
+
+    fn pumps(&self) -> usize {
+        self.pumps.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn only_a_source_with_a_descriptor_reads_directly_and_only_once_registered() {
+    let f = Fixture::new(false);
+    assert!(f.link.source_fd().is_none());
+    assert!(!f.link.read_directly(f.notified.clone(), 0), "no descriptor to watch");
+    assert!(!f.link.reads_directly());
+    let f = Fixture::new(true);
+    assert!(f.link.source_fd().is_some());
+    assert!(f.link.read_directly(f.notified.clone(), 0));
+    assert!(f.link.reads_directly());
+    assert!(f.driver.reader_claimed(), "the engine leaves the reading to the application");
+    assert!(!f.link.read_directly(f.notified.clone(), 0), "one registration per connection");
+    assert!(!f.link.notify_on_ready(f.notified.clone(), 0), "one registration per connection");
+}
+
+#[test]
+fn the_source_is_pumped_only_after_its_descriptor_was_seen_readable() {
+    let f = Fixture::direct();
+    f.script(0..3);
+    // A fresh registration looks once: something may be there already.
+    assert_eq!(f.seq(), 0);
+    assert_eq!((f.pumps(), f.hints.load(Ordering::SeqCst)), (1, 1));
+    assert_eq!((f.seq(), f.seq()), (1, 2), "the rest of the pump, queued in order");
+    f.script(3..4);
+    for _ in 0..3 {
+        assert!(matches!(f.link.try_recv(), Err(RecvError::Empty)));
+    }
+    assert_eq!(f.pumps(), 1, "no readiness, no pump: the reactor is asked instead");
+    f.link.source_readable();
+    assert_eq!(f.seq(), 3);
+    assert_eq!((f.pumps(), f.hints.load(Ordering::SeqCst)), (2, 2), "one pump per readiness, told so");
+    assert!(matches!(f.link.try_recv(), Err(RecvError::Empty)));
+    assert_eq!(f.pumps(), 2);
+}
+
+#[test]
+fn what_others_deliver_is_reported_once_to_an_armed_registration() {
+    let f = Fixture::direct();
+    assert!(matches!(f.link.try_recv(), Err(RecvError::Empty)), "armed now");
+    assert_eq!(f.notified.0.load(Ordering::SeqCst), 0);
+    // The engine at its timer (or a pump for credit) reads two frames.
+    f.script(0..2);
+    assert_eq!(f.driver.try_pump(None), Some(Pumped::Frames));
+    assert_eq!(f.notified.0.load(Ordering::SeqCst), 1, "one report for both");
+    assert_eq!((f.seq(), f.seq()), (0, 1));
+}
+
+#[test]
+fn a_credit_waiter_pumps_only_on_readiness_and_queues_what_it_reads() {
+    let f = Fixture::direct();
+    assert!(matches!(f.link.try_recv(), Err(RecvError::Empty)), "armed now");
+    f.script(0..2);
+    assert!(!f.link.pump_for_credit(), "no readiness");
+    assert_eq!(f.pumps(), 1);
+    f.link.source_readable();
+    assert!(f.link.pump_for_credit());
+    assert_eq!(f.pumps(), 2);
+    assert_eq!(f.notified.0.load(Ordering::SeqCst), 1, "the receiver is told");
+    assert_eq!((f.seq(), f.seq()), (0, 1));
+}
+
+#[test]
+fn a_registration_that_stops_reading_directly_hands_the_reading_back_to_the_engine() {
+    let f = Fixture::direct();
+    assert!(f.driver.reader_claimed());
+    f.link.stop_reading_directly();
+    assert!(!f.link.reads_directly());
+    assert!(!f.driver.reader_claimed(), "the engine reads again");
+    f.script(0..1);
+    f.link.source_readable();
+    assert!(matches!(f.link.try_recv(), Err(RecvError::Empty)));
+    assert_eq!(f.pumps(), 0, "the application no longer pumps");
+    assert!(!f.link.pump_for_credit());
+    assert_eq!(f.driver.try_pump(None), Some(Pumped::Frames));
+    assert_eq!(f.notified.0.load(Ordering::SeqCst), 1);
+    assert_eq!(f.seq(), 0);
+}

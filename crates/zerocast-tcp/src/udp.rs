@@ -422,6 +422,13 @@ impl UdpSocket {
         self.recv(Mode::Try)
     }
 
+    /// The size of the pool buffer each receive takes (the largest
+    /// datagram, its header and one byte to tell an oversized one): what a
+    /// receive that found the pool at its cap waits for.
+    pub fn recv_buffer_len(&self) -> usize {
+        rx_len(self.max_datagram)
+    }
+
     /// A duplicate of the socket's descriptor, which is readable while a
     /// datagram is queued: for an event loop that waits for one and then
     /// calls [`UdpSocket::try_recv_from`].

@@ -342,6 +342,16 @@ impl DatagramSocket {
         each!(self, s => s.max_datagram())
     }
 
+    /// The pool buffer a receive takes before it looks (UDP), or `None`
+    /// where the buffers are posted ahead (UD).
+    pub(crate) fn recv_buffer_len(&self) -> Option<usize> {
+        match &self.flavor {
+            Flavor::Udp(s) => Some(s.recv_buffer_len()),
+            #[cfg(feature = "rdma")]
+            Flavor::Ud(_) => None,
+        }
+    }
+
     /// The bound address: where peers send to reach this socket.
     pub fn local_addr(&self) -> SocketAddr {
         each!(self, s => s.local_addr())

@@ -45,6 +45,12 @@ impl fmt::Debug for DatagramSocket {
 /// An error that can mean "nothing yet" or "another receiver's turn".
 trait MaybeEmpty {
     fn recv_error(&self) -> Option<&RecvError>;
+
+    /// The receive found the pool at its cap before it looked.
+    fn pool_exhausted(&self) -> bool {
+        matches!(self.recv_error(), Some(RecvError::Failed(e))
+            if matches!(e.transport_error::<PoolError>(), Some(PoolError::Exhausted { .. })))
+    }
 }
 
 impl MaybeEmpty for RecvError {
@@ -65,14 +71,27 @@ impl MaybeEmpty for TypedDatagramError {
 /// Take what `try_armed` finds; on nothing, register with `watch` and look
 /// once more (what came between the looks is found, what comes after
 /// makes the descriptor readable). Another receiver's turn: try again soon.
+/// No pool buffer to receive into (`sock`'s pool at its cap): wait for
+/// one, as a blocking receive would.
 fn poll_armed<T, E: MaybeEmpty>(
     watch: &FdWatch,
+    sock: &crate::DatagramSocket,
     cx: &mut Context<'_>,
     mut try_armed: impl FnMut() -> Result<T, E>,
 ) -> Poll<Result<T, E>> {
     let mut registered = false;
     loop {
         match try_armed() {
+            Err(e) if e.pool_exhausted() => {
+                let Some(len) = sock.recv_buffer_len() else { return Poll::Ready(Err(e)) };
+                match sock.pool().alloc_or_wake(len, cx.waker()) {
+                    // The pool wakes the task when a buffer comes back.
+                    Err(PoolError::Exhausted { .. }) => return Poll::Pending,
+                    // One came back meanwhile: look again.
+                    Ok(_) => {}
+                    Err(_) => return Poll::Ready(Err(e)),
+                }
+            }
             Err(e) if matches!(e.recv_error(), Some(RecvError::Timeout)) => {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
@@ -151,7 +170,7 @@ impl DatagramSocket {
         &self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(RecvDatagram, SocketAddr), RecvError>> {
-        poll_armed(&self.watch, cx, || self.sock.try_recv_armed())
+        poll_armed(&self.watch, &self.sock, cx, || self.sock.try_recv_armed())
     }
 
     /// A datagram if one is there now, else [`RecvError::Empty`].
@@ -252,7 +271,7 @@ impl<T: DeserializeOwned, C: Codec> DatagramReceiver<T, C> {
     /// datagram that does not decode is its own error (and dropped); the
     /// next receive goes on.
     pub async fn recv_from(&self) -> Result<(T, SocketAddr), TypedDatagramError> {
-        poll_fn(|cx| poll_armed(&self.watch, cx, || self.inner.try_recv_armed())).await
+        poll_fn(|cx| poll_armed(&self.watch, self.inner.socket(), cx, || self.inner.try_recv_armed())).await
     }
 
     /// Receive, waiting at most `timeout`.

@@ -47,7 +47,7 @@ pub use raw::{socket_pair, Baseline, RawPipe};
 pub use udp::{UdpPipe, UDP_WINDOW};
 pub use zc::{bench_link, zc_pair, zc_pair_with, TypedPipe, ZcPipe};
 #[cfg(feature = "zeromq")]
-pub use zmq::{ZmqPipe, ZmqReqRep};
+pub use zmq::{thr_args, ZmqPipe, ZmqReqRep};
 
 /// The error type of pipe construction.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

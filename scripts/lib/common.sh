@@ -73,3 +73,10 @@ ZC_BUILD_PACKAGES=(
     libibverbs-dev librdmacm-dev libclang-dev pkg-config
     libzmq3-dev
 )
+
+# The median, min and max of the numbers on stdin, as "1.23x [1.01-1.40]".
+zc_summary() {
+    sort -g | awk '{ v[NR] = $1 } END {
+        m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+        printf "%.2fx [%.2f-%.2f]", m, v[1], v[NR] }'
+}

@@ -6,7 +6,8 @@
 #   zc_die MSG...      an error line on stderr, then exit 1
 #   zc_ensure_packages PKG...
 #                      install the Debian packages that are missing, without
-#                      prompting; a no-op when all are installed
+#                      prompting (as root, or through sudo); a no-op when all
+#                      are installed; otherwise the apt-get line to run
 
 ZC_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 ZC_PROG="${ZC_PROG:-$(basename "$0")}"
@@ -30,12 +31,28 @@ zc_since() {
     awk -v s="$1" -v e="$(zc_now)" 'BEGIN { printf "%.1f", e - s }'
 }
 
-# Run `apt-get update` at most once per script run (root only).
+# How to run a command as root, in ZC_AS_ROOT: nothing as root; `sudo`
+# for a user who may use it without a password, or who is at a terminal
+# to type one. Empty and `zc_can_be_root` false otherwise.
+ZC_AS_ROOT=()
+zc_can_be_root() {
+    if [ "$(id -u)" = 0 ]; then
+        ZC_AS_ROOT=()
+    elif command -v sudo >/dev/null && { sudo -n true 2>/dev/null || [ -t 0 ]; }; then
+        ZC_AS_ROOT=(sudo)
+    else
+        return 1
+    fi
+}
+
+# Run `apt-get update` at most once per script run, as root (see
+# zc_can_be_root; the caller checked).
 zc_apt_updated=0
 zc_apt_update() {
     if [ "$zc_apt_updated" = 0 ]; then
+        zc_can_be_root || zc_die "apt-get update needs root: run 'sudo apt-get update', then this again"
         zc_log "apt-get update"
-        DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || zc_die "apt-get update failed"
+        "${ZC_AS_ROOT[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || zc_die "apt-get update failed"
         zc_apt_updated=1
     fi
 }
@@ -52,10 +69,12 @@ zc_ensure_packages() {
         [ -n "${installed[$pkg]:-}" ] || missing+=("$pkg")
     done
     [ "${#missing[@]}" -eq 0 ] && return 0
-    [ "$(id -u)" = 0 ] || zc_die "missing packages ${missing[*]}; install them as root"
-    zc_log "installing missing packages: ${missing[*]}"
+    # Only the install needs root; everything else runs as the caller.
+    zc_can_be_root || zc_die "missing packages; install them as root, then run this again:
+    sudo apt-get install -y --no-install-recommends ${missing[*]}"
+    zc_log "installing missing packages${ZC_AS_ROOT[*]:+ (with ${ZC_AS_ROOT[*]})}: ${missing[*]}"
     zc_apt_update
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${ZC_AS_ROOT[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${missing[@]}" >&2 </dev/null || zc_die "apt-get install ${missing[*]} failed"
 }
 

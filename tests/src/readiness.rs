@@ -142,7 +142,7 @@ pub fn two_threads_serve_many(t: &Transport, conns: usize, rounds: u64) {
 /// default, while one thread drains and re-arms: many arrive while it is
 /// between its last `try_recv` and its next `wait`. A lost wake-up leaves
 /// the sender blocked on credit and the server waiting: the server's
-/// [`SILENCE`] fails the test. Every message arrives once, in order.
+/// `SILENCE` fails the test. Every message arrives once, in order.
 pub fn no_arrival_untold(t: &Transport, bursts: u64) {
     let (clients, servers) = pairs(t, 1);
     let poller = Poller::new();

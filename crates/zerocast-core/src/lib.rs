@@ -15,6 +15,34 @@
 //! It does **not** open sockets, touch devices, spawn threads, allocate
 //! registered memory or read the clock. Time, when needed, is passed in.
 
+//!
+//! Two peers' credit machines and one data frame between them, with no
+//! I/O: the sender reserves a credit and stamps the header when the frame
+//! is written; the receiver decodes the header strictly and accounts for
+//! the frame; the credit comes back when the application releases the
+//! buffer, piggybacked on the next frame the other way.
+//!
+//! ```
+//! use zerocast_core::{Credits, FrameKind, Header};
+//!
+//! // Each side posted 4 receive buffers: the windows the hellos announce.
+//! let (mut a, mut b) = (Credits::new(4, 4)?, Credits::new(4, 4)?);
+//! let before = a.available();
+//! let credit = a.reserve().expect("a has credit");
+//! let stamp = a.commit(credit);
+//! let wire = stamp.header(FrameKind::Data, 5).encode();
+//!
+//! let header = Header::decode(&wire, 1 << 20).expect("a well-formed header");
+//! b.on_receive(&header)?;
+//! assert_eq!(a.available(), before - 1);
+//!
+//! b.release()?; // b's application dropped the buffer
+//! let credit = b.reserve().expect("b has credit");
+//! let back = b.commit(credit);
+//! a.on_receive(&back.header(FrameKind::Data, 0))?;
+//! assert_eq!(a.available(), before, "the credit came back on b's frame");
+//! # Ok::<(), zerocast_core::CreditError>(())
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

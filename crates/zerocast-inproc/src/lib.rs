@@ -16,6 +16,33 @@
 //! with `N` a number no listener of this process has used; the listener's
 //! `local_endpoint` tells which.
 
+//!
+//! Two threads of one process, the buffer itself handed over:
+//!
+//! ```
+//! use zerocast_core::{Connection, Endpoint, LinkConfig, Listener, Transport};
+//! use zerocast_inproc::MemTransport;
+//! use zerocast_mem::{Pool, PoolConfig};
+//!
+//! let mem = MemTransport::new(Pool::unregistered(PoolConfig::default())?, LinkConfig::default())?;
+//! let listener = mem.listen(&Endpoint::parse("mem://jobs:0")?)?;
+//! let at = listener.local_endpoint().clone();
+//! let producer = std::thread::spawn(move || -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//!     let conn = mem.connect(&at)?;
+//!     for n in 0u8..3 {
+//!         let mut buf = conn.alloc(1, None)?;
+//!         buf[0] = n;
+//!         conn.send(buf, None).map_err(|e| e.to_string())?;
+//!     }
+//!     Ok(())
+//! });
+//! let conn = listener.accept()?;
+//! for n in 0u8..3 {
+//!     assert_eq!(conn.recv(None)?[0], n);
+//! }
+//! producer.join().expect("producer thread")?;
+//! # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

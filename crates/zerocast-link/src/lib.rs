@@ -24,6 +24,39 @@
 //! It does **not** open sockets or devices: the backend's tasks, wire and
 //! source do.
 
+//!
+//! The two sides of one link, with a frame handed over by hand where a
+//! backend's reader would: the driver takes a decoded data frame, the
+//! application receives the buffer itself, and dropping it returns the
+//! credit.
+//!
+//! ```
+//! use zerocast_core::{Endpoint, FrameKind, Header, LinkConfig, RecvError};
+//! use zerocast_link::{hello_for, LinkSetup};
+//! use zerocast_mem::{Pool, PoolConfig, Wait};
+//!
+//! let pool = Pool::unregistered(PoolConfig::default())?;
+//! let config = LinkConfig::default();
+//! let setup = LinkSetup {
+//!     config,
+//!     peer_hello: hello_for(&config, 4096), // what the peer announced
+//!     pool: pool.clone(),
+//!     peer: Endpoint::parse("tcp://192.0.2.1:7000")?,
+//!     repost: false,
+//! };
+//! let (link, driver, _) = zerocast_link::new(setup)?;
+//!
+//! // The backend's reader decoded a frame into a pool buffer.
+//! let mut payload = pool.alloc(5, Wait::No)?;
+//! payload.copy_from_slice(b"hello");
+//! driver.on_frame(Header::new(FrameKind::Data, 0, 0, 5), Some(payload))?;
+//!
+//! let msg = link.try_recv()?;
+//! assert_eq!(&*msg, b"hello");
+//! drop(msg); // the buffer goes back to the pool, its credit to the peer
+//! assert!(matches!(link.try_recv(), Err(RecvError::Empty)));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -22,8 +22,11 @@
 //! to and from the class's depot (a LIFO stack under a mutex) a batch at a
 //! time. The buffer handed out is the one released most recently, still
 //! warm in the cache. Behind the depot, each class keeps every other free
-//! buffer in a preallocated, lock-free `crossbeam_queue::ArrayQueue`. Each `Buf` holds
-//! an `Arc` of the pool. Growth (map, prefault, register) happens under a
+//! buffer in a preallocated, lock-free `crossbeam_queue::ArrayQueue`. Each `Buf` keeps
+//! the pool alive with a reference the pool counts in batches per thread
+//! (a thread's cache takes them 32 at a time), not with an `Arc` of its
+//! own, so taking and dropping buffers touches no counter shared between
+//! threads. Growth (map, prefault, register) happens under a
 //! per-class mutex; waiting at the cap uses a per-class mutex and condvar,
 //! and a waiter first empties every thread's cache of its class, so no free
 //! buffer hides from it. Classes of fewer than 1,024 buffers are not cached.

@@ -75,7 +75,7 @@ struct Opts {
     /// sizes run fewer iterations (at most 256 MiB each, at least 100).
     #[arg(short, long)]
     all: bool,
-    /// Send and receive through a typed Sender<T>/Receiver<T> instead of raw buffers.
+    /// Send and receive typed messages (a typed Sender and Receiver of a byte chunk) instead of raw buffers.
     #[arg(long)]
     typed: bool,
     /// Messages in flight: the receive window (credits). Capped so that at

@@ -13,10 +13,14 @@
 //!   (the hello travels as connect/accept private data), and
 //!   **`rc+oob://`**: the same connections set up over a TCP side channel
 //!   (hello, QPN, PSN, LID, GID), the QP driven INIT → RTR → RTS by hand.
-//!   Both run zerocast's shared link engine: zero-copy two-SGE sends and
-//!   receives (a 16-byte header slot, then the pool buffer), an in-flight
-//!   table per queue keyed by `wr_id`, selective signalling (every 16th send
-//!   and the last of a batch), inline sends for small frames, credits equal
+//!   Both run zerocast's shared link engine: zero-copy sends of the pool
+//!   buffer itself, a data frame as a send with immediate of its payload
+//!   alone (its credits and sequence bits in the immediate, its length in
+//!   the completion: no header byte on the wire), receives of one scatter
+//!   entry (the whole pool buffer), a ring of sends in flight with
+//!   selective signalling (one send per quarter of the send queue, at most
+//!   every 32nd, and the last of a batch when something waits for its
+//!   completion), inline sends for small frames, credits equal
 //!   to posted receives (so RNR cannot happen), typed work-completion errors
 //!   ([`RcError`]), and caller-driven I/O: a sending thread posts its own
 //!   work request when the link is quiet, a receiving thread polls the CQ
@@ -45,6 +49,25 @@
 //! - **shared receive queue** (`?srq=N` on a listener, [`RcConfig::srq`]):
 //!   one SRQ serves every accepted connection, each with a fixed share as
 //!   its credit window, refilled on the SRQ limit event ([`SrqStats`]).
+//!
+//! A server over `rc://` (rdma_cm on the device's address): not run here,
+//! as it needs a verbs device (`scripts/softroce-run` gives one).
+//!
+//! ```no_run
+//! use zerocast_core::{Connection, Endpoint, Listener, Transport};
+//! use zerocast_mem::PoolConfig;
+//! use zerocast_rdma::{RcConfig, RcTransport};
+//!
+//! let rc = RcTransport::new(RcConfig::default(), PoolConfig::default())?;
+//! let listener = rc.listen(&Endpoint::parse("rc://10.0.2.15:7471")?)?;
+//! let conn = listener.accept()?;
+//! let msg = conn.recv(None)?; // the registered receive buffer itself
+//! let mut reply = conn.alloc(msg.len(), None)?; // a registered send buffer
+//! reply.copy_from_slice(&msg);
+//! drop(msg); // posted again, and its credit returned
+//! conn.send(reply, None).map_err(|e| e.to_string())?;
+//! # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+//! ```
 //!
 //! Testing: this crate's tests, and `tests/tests/conformance_rdma.rs`, need
 //! a verbs device. They are `#[ignore]`d on a plain `cargo test`;

@@ -70,6 +70,7 @@ enum Wait<'a> {
     Until(Option<Instant>),
     /// For a task: never wait; `Full` once `waker` is set to be woken when
     /// it is worth trying again.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     Task(&'a std::task::Waker),
 }
 

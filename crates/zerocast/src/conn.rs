@@ -414,6 +414,7 @@ impl Listener {
     /// The accept of an async task: the next connection if one is queued,
     /// else `Pending` with the task woken when one is (or the listener
     /// closes). Never blocks.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn poll_accept(
         &self,
         cx: &mut std::task::Context<'_>,

@@ -46,7 +46,7 @@ pub struct TcpConfig {
     /// Time allowed for connecting and for the handshake.
     pub handshake_timeout: Duration,
     /// A peer that stops in the middle of a frame for this long has its
-    /// connection closed with [`ConnError::TimedOut`].
+    /// connection closed with [`ConnError::TimedOut`](zerocast_core::ConnError::TimedOut).
     pub frame_timeout: Duration,
 }
 

@@ -344,6 +344,7 @@ impl DatagramSocket {
 
     /// The pool buffer a receive takes before it looks (UDP), or `None`
     /// where the buffers are posted ahead (UD).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn recv_buffer_len(&self) -> Option<usize> {
         match &self.flavor {
             Flavor::Udp(s) => Some(s.recv_buffer_len()),

@@ -8,20 +8,23 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rdma_sys::{ibv_gid, ibv_wc};
+use rdma_sys::ibv_gid;
 use zerocast_core::{
-    Caps, ConnError, Datagram, Endpoint, RecvError, Scheme, SeqStats, SeqTracker, SourceTable, HEADER_LEN,
+    Caps, Datagram, Endpoint, RecvError, Scheme, SeqStats, SeqTracker, SourceTable, HEADER_LEN,
 };
 use zerocast_mem::{Buf, Pool, PoolError, Wait};
 
 use super::cm::Cm;
-use super::datagram::{self, grh_source, UdDatagram, GRH_LEN};
+use super::datagram::{self, UdDatagram, GRH_LEN};
 use super::io::{lock, Io, Outgoing, Route, Sizes, CHAIN};
 use super::peers::Peers;
 use super::{UdConfig, UdError, UdStats, UdTransport, RDMA_UDP_QKEY};
 use crate::cm::{context_name, CmId, EventChannel};
 use crate::error::errno_from_rc;
 use crate::verbs::AddressHandle;
+
+mod groups;
+mod recv;
 
 /// Where datagrams to one destination go, and their next sequence number.
 struct Dest {
@@ -141,15 +144,6 @@ pub(super) fn multicast(t: &UdTransport, ep: &Endpoint, cfg: UdConfig) -> Result
     let sock = UdSocket::open(t, SocketAddr::new(ip, 0), with_params(ep, cfg)?)?;
     sock.join(&SocketAddr::new(group, ep.port().unwrap_or(0)))?;
     Ok(sock)
-}
-
-/// How a receive waits.
-#[derive(Clone, Copy)]
-enum Mode {
-    Block(Option<Instant>),
-    Try,
-    /// As `Try`, but leave the receive CQ armed when empty.
-    Arm,
 }
 
 /// Destinations are keyed by address; a group by its IP alone.
@@ -371,277 +365,6 @@ impl UdSocket {
             learned: false,
         });
         Ok(())
-    }
-
-    /// Join `group` (its port is ignored: RDMA multicast has none) and
-    /// receive what is sent to it. Joining a group this socket is in
-    /// already does nothing; joining one that failed joins it again.
-    ///
-    /// # Errors
-    ///
-    /// [`UdError::NotMulticast`], [`UdError::TooManyGroups`] at the
-    /// device's `max_mcast_grp`, [`UdError::Join`] when rdma_cm or the
-    /// attach refuses.
-    pub fn join(&self, group: &SocketAddr) -> Result<(), UdError> {
-        self.membership(group, true)
-    }
-
-    /// Join (`attach`: receive too) or make a send-only route to `group`.
-    fn membership(&self, group: &SocketAddr, attach: bool) -> Result<(), UdError> {
-        let ip = group.ip();
-        if !ip.is_multicast() {
-            return Err(UdError::NotMulticast(ip));
-        }
-        let mut groups = lock(&self.groups);
-        if let Some(g) = groups.get_mut(&ip) {
-            if !g.failed.load(Relaxed) {
-                if attach && !g.attached {
-                    self.io
-                        .qp
-                        .attach_mcast(&g.mgid, g.mlid)
-                        .map_err(|e| UdError::Join { group: ip, reason: format!("ibv_attach_mcast: {e}") })?;
-                    g.attached = true;
-                }
-                return Ok(());
-            }
-            let old = groups.remove(&ip).expect("present");
-            self.drop_group(old);
-        }
-        let attached = groups.values().filter(|g| g.attached).count();
-        if attach && attached >= self.max_groups as usize {
-            return Err(UdError::TooManyGroups { joined: attached, max: self.max_groups });
-        }
-        let addr = SocketAddr::new(ip, group.port());
-        let (id, p, failed) = self.cm.join(self.local, addr, self.cfg.resolve_timeout)?;
-        let mgid = p.ah_attr.grh.dgid;
-        let mlid = p.ah_attr.dlid;
-        let ah = match AddressHandle::new(&self.io.pd, &p.ah_attr) {
-            Ok(ah) => ah,
-            Err(e) => {
-                self.cm.leave(&id, addr);
-                return Err(UdError::Join { group: ip, reason: format!("ibv_create_ah: {e}") });
-            }
-        };
-        if attach {
-            if let Err(e) = self.io.qp.attach_mcast(&mgid, mlid) {
-                self.cm.leave(&id, addr);
-                return Err(UdError::Join { group: ip, reason: format!("ibv_attach_mcast: {e}") });
-            }
-        }
-        lock(&self.dests).insert(
-            dest_key(group),
-            Dest { ah: Arc::new(ah), qpn: p.qpn, qkey: p.qkey, seq: 0, learned: false },
-        );
-        tracing::debug!(local = %self.local, group = %ip, attach, qkey = p.qkey, "ud multicast joined");
-        groups.insert(ip, Group { id, addr, mgid, mlid, attached: attach, failed });
-        Ok(())
-    }
-
-    /// Detach from and leave a group's membership.
-    fn drop_group(&self, g: Group) {
-        if g.attached {
-            if let Err(e) = self.io.qp.detach_mcast(&g.mgid, g.mlid) {
-                tracing::debug!(group = %g.addr, error = %e, "ibv_detach_mcast failed");
-            }
-        }
-        self.cm.leave(&g.id, g.addr);
-        lock(&self.dests).remove(&dest_key(&g.addr));
-    }
-
-    /// Leave `group`: detach the QP and leave through rdma_cm. Datagrams
-    /// to it stop arriving (some already received may still be returned).
-    pub fn leave(&self, group: &SocketAddr) -> Result<(), UdError> {
-        let ip = group.ip();
-        if !ip.is_multicast() {
-            return Err(UdError::NotMulticast(ip));
-        }
-        let mut groups = lock(&self.groups);
-        match groups.get(&ip) {
-            Some(g) if g.attached => {}
-            _ => return Err(UdError::NotMember { group: ip }),
-        }
-        let g = groups.remove(&ip).expect("present");
-        self.drop_group(g);
-        tracing::debug!(local = %self.local, group = %ip, "ud multicast left");
-        Ok(())
-    }
-
-    /// Groups whose membership failed (MULTICAST_ERROR) since they were
-    /// joined; [`join`](Self::join) each again to recover.
-    pub fn failed_groups(&self) -> Vec<IpAddr> {
-        lock(&self.groups).iter().filter(|(_, g)| g.failed.load(Relaxed)).map(|(ip, _)| *ip).collect()
-    }
-
-    /// The groups this socket receives.
-    pub fn groups(&self) -> Vec<IpAddr> {
-        lock(&self.groups).iter().filter(|(_, g)| g.attached).map(|(ip, _)| *ip).collect()
-    }
-
-    /// Receive one datagram and its source, waiting until `deadline`
-    /// (`None`: forever). Malformed datagrams are dropped and counted on
-    /// the way.
-    ///
-    /// # Errors
-    ///
-    /// [`RecvError::Timeout`] when the deadline passes (also while another
-    /// thread is receiving); [`RecvError::Failed`] on a verbs error.
-    pub fn recv_from(&self, deadline: Option<Instant>) -> Result<(UdDatagram, SocketAddr), RecvError> {
-        self.recv(Mode::Block(deadline))
-    }
-
-    /// Receive a datagram if one has arrived, else [`RecvError::Empty`]
-    /// (also while another thread is receiving).
-    pub fn try_recv_from(&self) -> Result<(UdDatagram, SocketAddr), RecvError> {
-        self.recv(Mode::Try)
-    }
-
-    /// Receive a datagram if one has arrived; otherwise
-    /// [`RecvError::Empty`] with the receive CQ armed, so that the next
-    /// arrival makes [`UdSocket::readiness_fd`] readable (the completion
-    /// events already on it are taken first, so it is readable only for
-    /// what comes after). [`RecvError::Timeout`] while another thread is
-    /// receiving: try again, nothing was armed. For an event loop.
-    pub fn try_recv_armed(&self) -> Result<(UdDatagram, SocketAddr), RecvError> {
-        self.recv(Mode::Arm)
-    }
-
-    /// A duplicate of the receive CQ's completion channel descriptor,
-    /// readable once a completion arrives on a CQ that
-    /// [`UdSocket::try_recv_armed`] left armed.
-    pub fn readiness_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
-        self.io.recv_readiness_fd()
-    }
-
-    fn recv(&self, mode: Mode) -> Result<(UdDatagram, SocketAddr), RecvError> {
-        let failed = |e: UdError| RecvError::Failed(ConnError::transport(e));
-        let mut batch = match mode {
-            Mode::Try => self.io.rx_turn.try_lock().ok_or(RecvError::Empty)?,
-            Mode::Arm => self.io.rx_turn.try_lock().ok_or(RecvError::Timeout)?,
-            Mode::Block(d) => self.io.rx_turn.lock(d).ok_or(RecvError::Timeout)?,
-        };
-        let mut armed = false;
-        loop {
-            if let Some((buf, i)) = self.io.poll_recv(&mut batch).map_err(failed)? {
-                armed = false;
-                if let Some(r) = self.accept(buf, batch.wc(i)) {
-                    return Ok(r);
-                }
-                continue;
-            }
-            let deadline = match mode {
-                Mode::Block(deadline) => deadline,
-                Mode::Arm if !armed => {
-                    self.io.rearm_recv().map_err(failed)?;
-                    armed = true;
-                    continue;
-                }
-                Mode::Arm | Mode::Try => return Err(RecvError::Empty),
-            };
-            if !armed {
-                // Arm, then poll once more: a completion that came before
-                // the arm is found by that poll, one after it wakes the wait.
-                self.io.arm_recv().map_err(failed)?;
-                armed = true;
-                continue;
-            }
-            // Nothing else needs this thread: the socket cannot close
-            // while it receives (it is borrowed), so the wait lasts until a
-            // datagram or the deadline.
-            let ms = match deadline {
-                None => -1,
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(RecvError::Timeout);
-                    }
-                    left.as_millis().clamp(1, i32::MAX as u128) as i32
-                }
-            };
-            self.io.wait_recv(ms).map_err(failed)?;
-            armed = false;
-        }
-    }
-
-    /// Turn a received buffer into a datagram and its source, or drop it.
-    fn accept(&self, buf: Buf, wc: &ibv_wc) -> Option<(UdDatagram, SocketAddr)> {
-        let c = &self.io.counters;
-        let mut grh = [0u8; GRH_LEN];
-        let ip = match buf.get(..GRH_LEN) {
-            Some(g) => {
-                grh.copy_from_slice(g);
-                grh_source(&grh)
-            }
-            None => None,
-        };
-        let Some(ip) = ip else {
-            c.dropped_malformed.fetch_add(1, Relaxed);
-            tracing::debug!(len = buf.len(), "dropped UD datagram without a usable GRH");
-            self.io.repost(buf);
-            return None;
-        };
-        if self.cfg.raw {
-            c.received.fetch_add(1, Relaxed);
-            let from = SocketAddr::new(ip, 0);
-            return Some((UdDatagram::new(buf, GRH_LEN, 0, self.io.clone()), from));
-        }
-        let h = match datagram::check(&buf[GRH_LEN..], self.max_datagram) {
-            Ok(h) => h,
-            Err(why) => {
-                c.dropped_malformed.fetch_add(1, Relaxed);
-                tracing::debug!(%ip, len = buf.len(), %why, "dropped malformed UD datagram");
-                self.io.repost(buf);
-                return None;
-            }
-        };
-        let from = SocketAddr::new(ip, h.credits);
-        let evicted = {
-            let mut sources = lock(&self.sources);
-            let (tracker, evicted) = sources.touch(from, SeqTracker::default);
-            tracker.on_arrival(h.seq);
-            evicted
-        };
-        if let Some((gone, _)) = evicted {
-            self.forget_route(&gone);
-        }
-        self.learn_route(from, wc, &grh);
-        c.received.fetch_add(1, Relaxed);
-        // The header trails the payload: out of sight.
-        let mut buf = buf;
-        buf.set_len(buf.len() - HEADER_LEN);
-        Some((UdDatagram::new(buf, GRH_LEN, h.seq, self.io.clone()), from))
-    }
-
-    /// Cache a route back to `from` built from its completion and GRH, so a
-    /// reply needs no resolution. A new QPN at the same address (a new
-    /// socket there) replaces the route and restarts its numbering.
-    fn learn_route(&self, from: SocketAddr, wc: &ibv_wc, grh: &[u8; GRH_LEN]) {
-        if from.port() == 0 {
-            return;
-        }
-        let mut dests = lock(&self.dests);
-        if dests.get_mut(&from).is_some_and(|d| d.qpn == wc.src_qp) {
-            return;
-        }
-        match AddressHandle::from_wc(&self.io.pd, wc, grh, self.io.port) {
-            Ok(ah) => {
-                let d = Dest { ah: Arc::new(ah), qpn: wc.src_qp, qkey: RDMA_UDP_QKEY, seq: 0, learned: true };
-                dests.insert(from, d);
-            }
-            Err(e) => tracing::debug!(%from, error = %e, "cannot build a reply route from a UD completion"),
-        }
-    }
-
-    /// Drop the reply route learned from `source`, evicted from the source
-    /// table, so that sources from the network cannot grow the routes
-    /// either. Routes resolved for sends stay. A send in flight on the
-    /// route holds its own `Arc` of the address handle (in the send ring,
-    /// until its completion is polled), so the handle is destroyed only
-    /// once no send uses it; a later send to `source` resolves it again.
-    fn forget_route(&self, source: &SocketAddr) {
-        let mut dests = lock(&self.dests);
-        let gone = if dests.get(source).is_some_and(|d| d.learned) { dests.remove(source) } else { None };
-        drop(dests);
-        drop(gone);
     }
 
     /// Wait until every datagram posted so far has completed at this end

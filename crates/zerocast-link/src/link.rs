@@ -401,8 +401,8 @@ impl Link {
     /// nothing queued: the engine reads for it, so arm the registration
     /// (see [`crate::ready`]), unless a delivery came meanwhile. One that
     /// reads directly pumps the source first if its descriptor was seen
-    /// readable ([`Link::source_readable`]).
-    #[cold]
+    /// readable ([`Link::source_readable`]). Not cold: every async
+    /// receive comes here.
     fn try_recv_ready(&self, ready: &Readiness) -> Result<RecvBuf, RecvError> {
         if ready.direct() && self.shared.source_hint.load(Ordering::Relaxed) {
             if let Some(d) = self.pump_directly() {

@@ -112,16 +112,8 @@ impl<T> Drop for Completion<T> {
 
 #[cfg(test)]
 mod tests {
-    use std::task::Wake;
-
     use super::*;
-
-    struct Count(std::sync::atomic::AtomicUsize);
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
+    use crate::WakeCount;
 
     fn poll<T>(c: &mut Completion<T>, w: &Waker) -> Poll<Option<T>> {
         Pin::new(c).poll(&mut Context::from_waker(w))
@@ -129,18 +121,17 @@ mod tests {
 
     #[test]
     fn a_value_wakes_the_task_once_and_is_taken() {
-        let count = Arc::new(Count(0.into()));
-        let w = Waker::from(count.clone());
+        let (count, w) = WakeCount::new();
         let (tx, mut rx) = completion();
         assert!(poll(&mut rx, &w).is_pending());
         assert!(tx.complete(5).is_ok());
-        assert_eq!(count.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(count.get(), 1);
         assert_eq!(poll(&mut rx, &w), Poll::Ready(Some(5)));
     }
 
     #[test]
     fn a_dropped_producer_ends_with_none_and_a_dropped_future_refuses_the_value() {
-        let w = Waker::from(Arc::new(Count(0.into())));
+        let (_, w) = WakeCount::new();
         let (tx, mut rx) = completion::<u8>();
         drop(tx);
         assert_eq!(poll(&mut rx, &w), Poll::Ready(None));

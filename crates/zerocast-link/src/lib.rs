@@ -161,3 +161,29 @@ pub(crate) fn test_link() -> (Link, Driver, zerocast_mem::Pool) {
     let (link, driver, _) = new(setup).unwrap();
     (link, driver, pool)
 }
+
+/// For unit tests: a waker that counts how often it was woken.
+#[cfg(test)]
+pub(crate) struct WakeCount(std::sync::atomic::AtomicUsize);
+
+#[cfg(test)]
+impl WakeCount {
+    /// A fresh count and its waker.
+    pub(crate) fn new() -> (std::sync::Arc<Self>, std::task::Waker) {
+        let count = std::sync::Arc::new(Self(0.into()));
+        let waker = std::task::Waker::from(count.clone());
+        (count, waker)
+    }
+
+    /// Wakes so far.
+    pub(crate) fn get(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+impl std::task::Wake for WakeCount {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}

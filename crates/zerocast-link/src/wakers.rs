@@ -36,28 +36,17 @@ impl Wakers {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use std::task::Wake;
-
     use super::*;
-
-    struct Count(AtomicUsize);
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
+    use crate::WakeCount;
 
     #[test]
     fn a_task_asking_twice_is_held_once_and_woken_once() {
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let w = Waker::from(count.clone());
+        let (count, w) = WakeCount::new();
         let mut set = Wakers::default();
         set.add(&w);
         set.add(&w);
         set.take().for_each(Waker::wake);
-        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert_eq!(count.get(), 1);
         assert!(set.is_empty());
     }
 }

@@ -92,17 +92,8 @@ impl Task for WatchTask {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicUsize;
-    use std::task::Wake;
-
     use super::*;
-
-    struct Count(AtomicUsize);
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
+    use crate::WakeCount;
 
     fn turn(p: &mut super::super::Progress) {
         while p.arm().is_err() {
@@ -115,17 +106,16 @@ mod tests {
         let (engine, mut progress) = Engine::detached("watch-test").expect("engine");
         let (rd, mut wr) = std::os::unix::net::UnixStream::pair().expect("socket pair");
         let watch = FdWatch::new(&engine, OwnedFd::from(rd));
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = std::task::Waker::from(count.clone());
+        let (count, waker) = WakeCount::new();
         turn(&mut progress);
         std::io::Write::write_all(&mut wr, b"x").expect("write");
         turn(&mut progress);
-        assert_eq!(count.0.load(Ordering::SeqCst), 0, "nobody waits: nobody is woken");
+        assert_eq!(count.get(), 0, "nobody waits: nobody is woken");
         watch.wake_when_readable(&waker);
         turn(&mut progress);
-        assert_eq!(count.0.load(Ordering::SeqCst), 1, "readable while waiting: woken");
+        assert_eq!(count.get(), 1, "readable while waiting: woken");
         turn(&mut progress);
-        assert_eq!(count.0.load(Ordering::SeqCst), 1, "once: the descriptor stays readable, unwatched");
+        assert_eq!(count.get(), 1, "once: the descriptor stays readable, unwatched");
         drop(watch);
         turn(&mut progress);
         drop(engine);

@@ -4,6 +4,8 @@
 #   ZC_ROOT            the repository root
 #   zc_log MSG...      a progress line on stderr, prefixed with the script name
 #   zc_die MSG...      an error line on stderr, then exit 1
+#   zc_wait_listen PORT
+#                      wait up to 20 s until a TCP port is listened on
 #   zc_ensure_packages PKG...
 #                      install the Debian packages that are missing, without
 #                      prompting (as root, or through sudo); a no-op when all
@@ -98,4 +100,15 @@ zc_summary() {
     sort -g | awk '{ v[NR] = $1 } END {
         m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
         printf "%.2fx [%.2f-%.2f]", m, v[1], v[NR] }'
+}
+
+# Wait up to 20 s for a TCP port to be listened on (state 0A: LISTEN).
+zc_wait_listen() {
+    local hex i
+    hex=$(printf ':%04X ' "$1")
+    for ((i = 0; i < 200; i++)); do
+        grep -h "$hex" /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk '$4 == "0A"' | grep -q . && return 0
+        sleep 0.1
+    done
+    return 1
 }

@@ -85,6 +85,13 @@ impl ConnTask {
         }
     }
 
+    /// Whether the engine reads when the socket turns readable: while no
+    /// receiver holds the socket, and while lingering, when it reads to
+    /// the peer's end of stream though one does (no receiver waits for it).
+    fn reads_on_readiness(&self) -> bool {
+        !self.driver.reader_claimed() || self.lingering.is_some()
+    }
+
     /// The connection is over: let `wait_closed` know. A peer that never
     /// ended its stream has the rest of the socket shut too.
     fn end(&mut self) -> Step {
@@ -117,10 +124,7 @@ impl Task for ConnTask {
             // are judged on what has arrived. So when the pool wakes us
             // for a payload waiting for a buffer.
             let buffer_back = cx.woken() && self.attention.starved();
-            // Lingering, the engine reads to the peer's end of stream
-            // though a receiver holds the socket: no receiver waits for it.
-            let mine = !self.driver.reader_claimed() || self.lingering.is_some();
-            if tick || buffer_back || ((cx.readable() || handed_back) && mine) {
+            if tick || buffer_back || ((cx.readable() || handed_back) && self.reads_on_readiness()) {
                 if cx.readable() {
                     self.attention.readable();
                 }
@@ -163,9 +167,7 @@ impl Task for ConnTask {
         if self.lingering.is_some_and(|deadline| !self.reading || cx.now() >= deadline) {
             return self.end();
         }
-        let read = self.reading
-            && !self.awaiting_handback
-            && (!self.driver.reader_claimed() || self.lingering.is_some());
+        let read = self.reading && !self.awaiting_handback && self.reads_on_readiness();
         cx.set_interest(Interest { read, write: self.backlog });
         let stall = if self.reading { self.attention.get() } else { None };
         let timer = [stall, self.heartbeat, self.lingering].into_iter().flatten().min();

@@ -56,20 +56,16 @@ impl<T, C: Codec> Sender<T, C> {
     }
 
     /// Retry `send` while it finds no credit and a read of the source (see
-    /// [`Reading::pump_for_waiter`]) may have brought some.
+    /// [`Reading::poll_waiting`]) may have brought some.
     fn poll_sending(
         &self,
         cx: &mut Context<'_>,
         mut send: impl FnMut(&Context<'_>) -> Result<(), SendError<()>>,
     ) -> Poll<Result<(), SendError<()>>> {
-        loop {
-            match send(cx) {
-                Err(SendError::Full(()))
-                    if self.reading.pump_for_waiter(self.inner.connection().link(), cx) => {}
-                Err(SendError::Full(())) => return Poll::Pending,
-                r => return Poll::Ready(r),
-            }
-        }
+        self.reading.poll_waiting(self.inner.connection().link(), cx, |cx| match send(cx) {
+            Err(SendError::Full(())) => Poll::Pending,
+            r => Poll::Ready(r),
+        })
     }
 }
 

@@ -141,21 +141,16 @@ impl Connection {
 
     /// Send `slot`'s buffer now, or keep it there and wait for credit.
     fn poll_send(&self, slot: &mut Option<Buf>, cx: &mut Context<'_>) -> Poll<Result<(), SendError<Buf>>> {
-        let Some(mut buf) = slot.take() else { return Poll::Ready(Ok(())) };
-        loop {
+        self.reading.poll_waiting(self.conn.link(), cx, |cx| {
+            let Some(buf) = slot.take() else { return Poll::Ready(Ok(())) };
             match self.conn.send_or_wake(buf, cx.waker()) {
-                // The peer's credit may be in the socket, which no task
-                // reads but the waiting ones.
-                Err(SendError::Full(back)) if self.reading.pump_for_waiter(self.conn.link(), cx) => {
-                    buf = back
-                }
                 Err(SendError::Full(back)) => {
                     *slot = Some(back);
-                    return Poll::Pending;
+                    Poll::Pending
                 }
-                r => return Poll::Ready(r),
+                r => Poll::Ready(r),
             }
-        }
+        })
     }
 
     /// Send a buffer if the peer has a free receive buffer now;
@@ -169,23 +164,8 @@ impl Connection {
     /// take the credit first, so follow it with [`Connection::try_send`]
     /// and wait again on `Full`.
     pub async fn ready(&self) {
-        poll_fn(|cx| self.poll_waiting(cx, |link, cx| link.poll_credit(cx))).await
-    }
-
-    /// `poll` again while it is pending and a read of the source (see
-    /// [`Reading::pump_for_waiter`]) may have brought what it waits for.
-    fn poll_waiting<T>(
-        &self,
-        cx: &mut Context<'_>,
-        mut poll: impl FnMut(&zerocast_link::Link, &mut Context<'_>) -> Poll<T>,
-    ) -> Poll<T> {
         let link = self.conn.link();
-        loop {
-            match poll(link, cx) {
-                Poll::Pending if self.reading.pump_for_waiter(link, cx) => {}
-                r => return r,
-            }
-        }
+        poll_fn(|cx| self.reading.poll_waiting(link, cx, |cx| link.poll_credit(cx))).await
     }
 
     /// Receive the next message. After the peer closes, buffered messages
@@ -227,7 +207,8 @@ impl Connection {
     /// dropped future leaves the connection closed for sending.
     pub async fn close_and_wait(&self) -> bool {
         self.conn.close();
-        poll_fn(|cx| self.poll_waiting(cx, |link, cx| link.poll_closed(cx))).await
+        let link = self.conn.link();
+        poll_fn(|cx| self.reading.poll_waiting(link, cx, |cx| link.poll_closed(cx))).await
     }
 
     /// Typed halves with the default codec (bincode).

@@ -20,6 +20,7 @@ use zerocast_core::RecvError;
 use zerocast_link::engine::FdWatch;
 use zerocast_mem::{Buf, Pool, PoolError};
 
+use super::ready::RecvOutcome;
 use crate::codec::{Bincode, Codec};
 use crate::datagram::{
     Backend, DatagramError, DatagramSendError, DatagramStats, RecvDatagram, TypedDatagramError,
@@ -42,24 +43,7 @@ impl fmt::Debug for DatagramSocket {
     }
 }
 
-/// An error that can mean "nothing yet" or "another receiver's turn".
-trait MaybeEmpty {
-    fn recv_error(&self) -> Option<&RecvError>;
-
-    /// The receive found the pool at its cap before it looked.
-    fn pool_exhausted(&self) -> bool {
-        matches!(self.recv_error(), Some(RecvError::Failed(e))
-            if matches!(e.transport_error::<PoolError>(), Some(PoolError::Exhausted { .. })))
-    }
-}
-
-impl MaybeEmpty for RecvError {
-    fn recv_error(&self) -> Option<&RecvError> {
-        Some(self)
-    }
-}
-
-impl MaybeEmpty for TypedDatagramError {
+impl RecvOutcome for TypedDatagramError {
     fn recv_error(&self) -> Option<&RecvError> {
         match self {
             TypedDatagramError::Recv(e) => Some(e),
@@ -73,7 +57,7 @@ impl MaybeEmpty for TypedDatagramError {
 /// makes the descriptor readable). Another receiver's turn: try again soon.
 /// No pool buffer to receive into (`sock`'s pool at its cap): wait for
 /// one, as a blocking receive would.
-fn poll_armed<T, E: MaybeEmpty>(
+fn poll_armed<T, E: RecvOutcome>(
     watch: &FdWatch,
     sock: &crate::DatagramSocket,
     cx: &mut Context<'_>,
@@ -96,7 +80,7 @@ fn poll_armed<T, E: MaybeEmpty>(
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
-            Err(e) if matches!(e.recv_error(), Some(RecvError::Empty)) => {
+            Err(e) if e.is_empty() => {
                 if registered {
                     return Poll::Pending;
                 }

@@ -109,7 +109,7 @@ impl Reading {
     /// arms the registration (and the reactor's readiness, once taken, is
     /// asked again), so whatever comes after the last look is reported,
     /// and whatever came between two looks is found by the second.
-    pub(crate) fn poll<T, E: Empty>(
+    pub(crate) fn poll<T, E: RecvOutcome>(
         &self,
         link: &Link,
         cx: &mut Context<'_>,
@@ -135,11 +135,29 @@ impl Reading {
         }
     }
 
+    /// `poll` (a send, a wait for credit or for the end) again while it is
+    /// pending and a read of the source ([`Reading::pump_for_waiter`]) may
+    /// have brought what it waits for: no task but the waiting ones reads
+    /// a connection its tasks read.
+    pub(crate) fn poll_waiting<T>(
+        &self,
+        link: &Link,
+        cx: &mut Context<'_>,
+        mut poll: impl FnMut(&mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
+        loop {
+            match poll(cx) {
+                Poll::Pending if self.pump_for_waiter(link, cx) => {}
+                r => return r,
+            }
+        }
+    }
+
     /// For a task that waits for what the source brings other than a
     /// message (credit, the end): when its tasks read the connection, read
     /// it now if the reactor says there is something, and have the task
     /// woken when there is more. `true`: it read, so look again.
-    pub(crate) fn pump_for_waiter(&self, link: &Link, cx: &mut Context<'_>) -> bool {
+    fn pump_for_waiter(&self, link: &Link, cx: &mut Context<'_>) -> bool {
         if self.fd.is_none() || !link.reads_directly() {
             return false;
         }
@@ -179,19 +197,37 @@ impl Reading {
     }
 }
 
-/// An error that means "nothing to receive yet".
-pub(crate) trait Empty {
-    fn is_empty(&self) -> bool;
-}
+/// A receive's error, as a task's poll reads it: "nothing yet", "another
+/// receiver's turn", "no pool buffer", or a result to return.
+pub(crate) trait RecvOutcome {
+    /// The receive error inside, if it is one.
+    fn recv_error(&self) -> Option<&RecvError>;
 
-impl Empty for RecvError {
+    /// Nothing to receive yet.
     fn is_empty(&self) -> bool {
-        matches!(self, RecvError::Empty)
+        matches!(self.recv_error(), Some(RecvError::Empty))
+    }
+
+    /// The receive found the pool at its cap before it looked (a UDP
+    /// datagram socket's; none other takes a buffer before it looks).
+    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
+    fn pool_exhausted(&self) -> bool {
+        matches!(self.recv_error(), Some(RecvError::Failed(e))
+            if matches!(e.transport_error::<zerocast_mem::PoolError>(), Some(zerocast_mem::PoolError::Exhausted { .. })))
     }
 }
 
-impl Empty for crate::TypedRecvError {
-    fn is_empty(&self) -> bool {
-        matches!(self, crate::TypedRecvError::Recv(RecvError::Empty))
+impl RecvOutcome for RecvError {
+    fn recv_error(&self) -> Option<&RecvError> {
+        Some(self)
+    }
+}
+
+impl RecvOutcome for crate::TypedRecvError {
+    fn recv_error(&self) -> Option<&RecvError> {
+        match self {
+            crate::TypedRecvError::Recv(e) => Some(e),
+            _ => None,
+        }
     }
 }

@@ -175,3 +175,90 @@ fn a_registration_that_stops_reading_directly_hands_the_reading_back_to_the_engi
     assert_eq!(f.notified.0.load(Ordering::SeqCst), 1);
     assert_eq!(f.seq(), 0);
 }
+
+/// A test double for a descriptor shared by several connections' sources:
+/// its dispatch raises the signals it holds, as a completion channel's
+/// events raise their CQs'.
+struct Channel {
+    fd: UnixStream,
+    raised: Mutex<Vec<crate::SourceSignal>>,
+}
+
+impl std::os::fd::AsFd for Channel {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl crate::SharedSource for Channel {
+    fn dispatch(&self) {
+        for signal in self.raised.lock().unwrap().drain(..) {
+            signal.raise();
+        }
+    }
+}
+
+/// Two links on one shared source, the first registered to read directly.
+fn shared_pair() -> (Fixture, Fixture, Arc<Channel>) {
+    let channel = Arc::new(Channel { fd: UnixStream::pair().unwrap().0, raised: Mutex::default() });
+    let (a, b) = (Fixture::new(false), Fixture::new(false));
+    for f in [&a, &b] {
+        f.driver.set_shared_source(channel.clone());
+    }
+    assert!(a.link.read_directly(a.notified.clone(), 0), "a shared descriptor is one to watch");
+    assert!(b.link.notify_on_ready(b.notified.clone(), 0));
+    (a, b, channel)
+}
+
+#[test]
+fn a_shared_source_reads_directly_and_its_signal_wakes_only_its_own_connection() {
+    let (a, b, channel) = shared_pair();
+    assert!(a.link.source_fd().is_none() && a.link.shared_source().is_some());
+    assert!(a.driver.reads_directly() && !b.driver.reads_directly());
+    let same = |x: &Arc<dyn crate::SharedSource>, y: &Arc<dyn crate::SharedSource>| {
+        std::ptr::addr_eq(Arc::as_ptr(x), Arc::as_ptr(y))
+    };
+    assert!(same(&a.link.shared_source().unwrap(), &b.link.shared_source().unwrap()));
+    // The fresh registration looks once, finds nothing and arms.
+    assert!(matches!(a.link.try_recv(), Err(RecvError::Empty)));
+    assert_eq!(a.pumps(), 1);
+    a.script(0..2);
+    assert!(matches!(a.link.try_recv(), Err(RecvError::Empty)));
+    assert_eq!(a.pumps(), 1, "no signal, no pump");
+    // The channel announces `a`'s news: its waiters are told at once (the
+    // signal is the readiness), whether or not the registration is armed.
+    channel.raised.lock().unwrap().push(a.driver.signal());
+    crate::SharedSource::dispatch(&*channel);
+    assert_eq!(a.notified.0.load(Ordering::SeqCst), 1, "the waiting task is woken");
+    assert_eq!(b.notified.0.load(Ordering::SeqCst), 0, "another connection's task is not");
+    assert_eq!((a.seq(), a.seq()), (0, 1));
+    assert_eq!(a.pumps(), 2, "one pump per signal");
+    // A signal for a connection its engine reads wakes no task (its
+    // engine's own wake-up covers it) and leaves its reading to the engine.
+    b.script(0..1);
+    b.driver.signal().raise();
+    assert_eq!(b.notified.0.load(Ordering::SeqCst), 0);
+    assert!(matches!(b.link.try_recv(), Err(RecvError::Empty)));
+    assert_eq!(b.pumps(), 0);
+}
+
+#[test]
+fn a_signal_outliving_its_connection_does_nothing() {
+    let (a, _b, _channel) = shared_pair();
+    let signal = a.driver.signal();
+    let notified = a.notified.clone();
+    drop(a);
+    signal.raise();
+    assert_eq!(notified.0.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn a_credit_waiter_on_a_shared_source_pumps_on_its_signal() {
+    let (a, _b, _channel) = shared_pair();
+    assert!(matches!(a.link.try_recv(), Err(RecvError::Empty)), "armed now");
+    a.script(0..1);
+    assert!(!a.link.pump_for_credit(), "no signal");
+    a.driver.signal().raise();
+    assert!(a.link.pump_for_credit());
+    assert_eq!(a.seq(), 0);
+}

@@ -461,6 +461,13 @@ impl Link {
         self.shared.source_fd.0.get().cloned()
     }
 
+    /// The descriptor this connection's source shares with other
+    /// connections' sources, if its backend has one (see
+    /// [`crate::Driver::set_shared_source`] and [`Link::read_directly`]).
+    pub fn shared_source(&self) -> Option<Arc<dyn crate::SharedSource>> {
+        self.shared.shared_source.0.get().cloned()
+    }
+
     /// Tell a registration that reads directly that the source's
     /// descriptor was seen readable: the next `try_recv` (or
     /// [`Link::pump_for_credit`]) reads it. Who watches the descriptor
@@ -483,16 +490,19 @@ impl Link {
 
     /// Register as [`Link::notify_on_ready`] does, except that the
     /// application reads the source itself: it watches
-    /// [`Link::source_fd`] (which must exist), reports each readiness
-    /// with [`Link::source_readable`], and `try_recv` then pumps the
-    /// source on the calling thread. The engine stops reading, but for its
-    /// timer (heartbeats, a stalled frame); `notify` is told of what
-    /// others deliver (the engine, a failure, the end). For an async
-    /// runtime, whose reactor then wakes the receiving task itself.
-    /// `false` if the connection was registered before or has no source
-    /// descriptor.
+    /// [`Link::source_fd`], reports each readiness with
+    /// [`Link::source_readable`], and `try_recv` then pumps the source on
+    /// the calling thread. Or, for a source with a shared descriptor
+    /// ([`Link::shared_source`]), it watches that one and calls
+    /// [`crate::SharedSource::dispatch`] on each readiness, which raises
+    /// this connection's hint and tells `notify` when its source has news.
+    /// The engine stops reading, but for its timer (heartbeats, a stalled
+    /// frame); `notify` is told of what others deliver (the engine, a
+    /// failure, the end). For an async runtime, whose reactor then wakes
+    /// the receiving task itself. `false` if the connection was registered
+    /// before or has no source descriptor of either kind.
     pub fn read_directly(&self, notify: Arc<dyn Notify>, token: usize) -> bool {
-        if self.shared.source_fd.0.get().is_none() {
+        if self.shared.source_fd.0.get().is_none() && self.shared.shared_source.0.get().is_none() {
             return false;
         }
         self.register(Readiness::new(notify, token, true))

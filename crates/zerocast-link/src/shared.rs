@@ -12,8 +12,8 @@ use crate::engine::Waker;
 use crate::queue::Queue;
 use crate::ready::Readiness;
 use crate::repost::{Repost, Reposted};
-use crate::source::SourceFd;
 use crate::source::SourceLock;
+use crate::source::{SharedSource, SourceFd};
 use crate::wire::WireLock;
 use crate::{Driver, LinkSetup};
 
@@ -111,6 +111,9 @@ pub(crate) struct Shared {
     /// The descriptor that turns readable when the source has something
     /// new (see [`crate::Driver::set_source_fd`]).
     pub(crate) source_fd: Hook<SourceFd>,
+    /// The descriptor this connection's source shares with others' (see
+    /// [`crate::Driver::set_shared_source`]).
+    pub(crate) shared_source: Hook<Arc<dyn SharedSource>>,
     /// The application saw [`Shared::source_fd`] readable and has not
     /// pumped since: the next pump reads without asking first.
     pub(crate) source_hint: AtomicBool,
@@ -200,6 +203,7 @@ impl Shared {
             waker: Hook::default(),
             ready: Hook::default(),
             source_fd: Hook::default(),
+            shared_source: Hook::default(),
             source_hint: AtomicBool::new(true),
             credit_sleeper: Mutex::new(None),
             scheduled: AtomicBool::new(false),

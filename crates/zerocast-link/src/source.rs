@@ -12,10 +12,12 @@
 
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::{Arc, Mutex, TryLockError, Weak};
 use std::time::Instant;
 
 use crate::interrupt::{CreditWait, Interrupt};
+use crate::ready::Readiness;
+use crate::shared::Shared;
 use crate::Driver;
 
 /// What a thread that pumps the source, and would wait, waits for.
@@ -65,6 +67,44 @@ pub(crate) type SourceLock = Mutex<Box<dyn Source>>;
 /// itself waits on (see [`crate::Link::read_directly`]).
 pub type SourceFd = Arc<dyn AsFd + Send + Sync>;
 
+/// One descriptor that announces news for the sources of many
+/// connections (an RDMA engine's completion channel, shared by the CQs of
+/// its connections): what an application that reads those sources itself
+/// watches, once for all of them (see [`Driver::set_shared_source`]).
+pub trait SharedSource: AsFd + Send + Sync {
+    /// Without waiting, take every announcement pending on the descriptor
+    /// and raise the [`SourceSignal`] of each source it concerns. Whoever
+    /// watches the descriptor calls this on every readiness it takes,
+    /// before it forgets that readiness, so nothing that came before is
+    /// left behind an edge.
+    fn dispatch(&self);
+}
+
+/// How a source that shares its descriptor ([`SharedSource`]) tells its
+/// connection that it has something new: the next receive pumps it, and
+/// the tasks waiting on a connection that reads directly are woken. Holds
+/// the connection weakly.
+#[derive(Clone)]
+pub struct SourceSignal(Weak<Shared>);
+
+impl std::fmt::Debug for SourceSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SourceSignal")
+    }
+}
+
+impl SourceSignal {
+    /// The source has something new (see the type's docs). A connection
+    /// that does not read directly is left to its engine.
+    pub fn raise(&self) {
+        let Some(shared) = self.0.upgrade() else { return };
+        shared.source_hint.store(true, Ordering::Release);
+        if let Some(ready) = shared.ready.0.get().filter(|r| r.direct()) {
+            ready.delivered_now();
+        }
+    }
+}
+
 impl Driver {
     /// Let receiving threads read through `source` (see the module docs).
     /// The backend's engine task then reads through
@@ -102,6 +142,28 @@ impl Driver {
     /// second call is ignored.
     pub fn set_source_fd(&self, fd: SourceFd) {
         let _ = self.shared.source_fd.0.set(fd);
+    }
+
+    /// [`Driver::set_source_fd`] for a source whose news many connections'
+    /// sources announce on one descriptor: the application watches `fd`
+    /// once for all of them, and the source raises [`Driver::signal`] for
+    /// its own news. A second call is ignored.
+    pub fn set_shared_source(&self, fd: Arc<dyn SharedSource>) {
+        let _ = self.shared.shared_source.0.set(fd);
+    }
+
+    /// What the source raises when it has something new (see
+    /// [`Driver::set_shared_source`]).
+    pub fn signal(&self) -> SourceSignal {
+        SourceSignal(Arc::downgrade(&self.shared))
+    }
+
+    /// Whether the application reads the source itself now (see
+    /// [`crate::Link::read_directly`]): the source's pumps then leave it
+    /// ready to announce its next news, whoever pumps.
+    #[inline]
+    pub fn reads_directly(&self) -> bool {
+        self.shared.ready.0.get().is_some_and(Readiness::direct)
     }
 
     /// Pump the installed source from the backend's engine task, unless

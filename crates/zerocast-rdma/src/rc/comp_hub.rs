@@ -21,6 +21,12 @@
 //! Arming stays with whoever polls the CQ, under one rule: the CQ is marked
 //! armed *before* `ibv_req_notify_cq`, so an event that follows the arming
 //! at once always clears the mark afterwards.
+//!
+//! An async runtime watches the channel itself, for the connections its
+//! tasks read directly ([`zerocast_link::SharedSource`]): its reactor
+//! reports the channel readable, and the dispatch there raises each CQ's
+//! [`SourceSignal`], which wakes the receiving task, which polls its CQ.
+//! No engine task runs between a completion and the task that uses it.
 
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -28,7 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use zerocast_link::engine::{Cx, Engine, Interest, Step, Task, Waker};
-use zerocast_link::Interrupt;
+use zerocast_link::{Interrupt, SharedSource, SourceSignal};
 
 use super::channel_watch::ChannelWatch;
 use super::hub::Hub;
@@ -38,6 +44,9 @@ use crate::device::Context;
 /// An engine's completion channel.
 pub(crate) struct CompHub {
     channel: Arc<CompChannel>,
+    /// The channel, for a runtime that watches it (one per hub: watchers
+    /// tell hubs apart by it).
+    shared: Arc<ChannelSource>,
     /// The engine's index among its transport's engines.
     engine: usize,
     /// The reading task's, once it ran.
@@ -79,6 +88,9 @@ pub(crate) struct Notify {
     fired: AtomicBool,
     /// The connection's task wants to run at the next event.
     listening: AtomicBool,
+    /// The connection's, told of every event (it wakes a task that reads
+    /// the CQ directly).
+    signal: OnceLock<SourceSignal>,
     task: Mutex<Option<Waker>>,
     /// The thread asleep until the next event, if one is.
     sleeper: Mutex<Option<Interrupt>>,
@@ -94,8 +106,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl CompHub {
     /// A channel of `ctx`, read by a task on `engine` (index `index`).
     pub(crate) fn start(ctx: &Arc<Context>, engine: &Engine, index: usize) -> io::Result<Arc<Self>> {
+        let channel = CompChannel::new(ctx)?;
         let hub = Arc::new(Self {
-            channel: CompChannel::new(ctx)?,
+            shared: Arc::new(ChannelSource(channel.clone())),
+            channel,
             engine: index,
             waker: OnceLock::new(),
             watch: ChannelWatch::default(),
@@ -121,12 +135,33 @@ impl CompHub {
         self.watch.lead().then_some(Lead(self))
     }
 
+    /// The channel, for a runtime's reactor to watch.
+    pub(crate) fn shared_source(&self) -> Arc<dyn SharedSource> {
+        self.shared.clone()
+    }
+
     fn wake_reader(&self) {
         if let Some(w) = self.waker.get() {
             w.wake();
         }
     }
 
+    /// Take every pending event and hand each to its CQ's `Notify`.
+    fn dispatch(&self) {
+        self.shared.dispatch();
+    }
+}
+
+/// An engine's completion channel as a [`SharedSource`].
+struct ChannelSource(Arc<CompChannel>);
+
+impl std::os::fd::AsFd for ChannelSource {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.fd()
+    }
+}
+
+impl SharedSource for ChannelSource {
     /// Take every pending event and hand each to its CQ's `Notify`.
     fn dispatch(&self) {
         let fire = |ctx: *mut std::os::raw::c_void| {
@@ -137,7 +172,7 @@ impl CompHub {
             let notify = unsafe { &*(ctx as *const Notify) };
             notify.fire();
         };
-        while self.channel.take_event(fire).is_some() {}
+        while self.0.take_event(fire).is_some() {}
     }
 }
 
@@ -147,6 +182,7 @@ impl Notify {
             armed: AtomicBool::new(false),
             fired: AtomicBool::new(false),
             listening: AtomicBool::new(false),
+            signal: OnceLock::new(),
             task: Mutex::new(None),
             sleeper: Mutex::new(None),
             hub,
@@ -176,6 +212,11 @@ impl Notify {
     /// is woken.
     pub(crate) fn is_armed(&self) -> bool {
         self.armed.load(Ordering::SeqCst)
+    }
+
+    /// Tell `signal` of every event from now on (see the module docs).
+    pub(crate) fn signal_to(&self, signal: SourceSignal) {
+        let _ = self.signal.set(signal);
     }
 
     /// Whether the connection's task wants to run at the next event.
@@ -228,6 +269,9 @@ impl Notify {
     fn fire(&self) {
         self.armed.store(false, Ordering::SeqCst);
         self.fired.store(true, Ordering::SeqCst);
+        if let Some(signal) = self.signal.get() {
+            signal.raise();
+        }
         self.ring_sleeper();
         if self.listening.load(Ordering::SeqCst) {
             if let Some(w) = lock(&self.task).as_ref() {

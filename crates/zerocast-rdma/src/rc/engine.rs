@@ -503,6 +503,10 @@ pub(crate) fn register(engine: &Engine, io: &Arc<Io>, driver: Driver, reposts: R
     // credit also at a local close, which rings its interrupt.
     driver.install_waking_source(Box::new(poll::RcSource::new(io.clone())));
     driver.watches_interrupt();
+    if let Some(hub) = io.notify().hub() {
+        io.notify().signal_to(driver.signal());
+        driver.set_shared_source(hub.shared_source());
+    }
     driver.install_reposter(Box::new(Reposter(io.clone())));
     engine.register(Box::new(task::RcTask::new(io.clone(), driver, reposts, peer_window)));
 }

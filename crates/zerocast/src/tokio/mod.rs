@@ -5,11 +5,14 @@
 //! of that runtime, with no thread of their own. Each engine's epoll
 //! descriptor is watched through the runtime's reactor, and the task that
 //! drives it progresses until nothing is pending, arms, and only then
-//! waits, so no event is lost and nothing polls on a timer. Sockets,
-//! RDMA completion channels and rdma_cm event channels are all read by
-//! the engines; a connection's engine wakes the task waiting to receive
-//! on it, and a sending task writes its frame (or posts its work request)
-//! itself when the link is quiet.
+//! waits, so no event is lost and nothing polls on a timer. A `tcp://`
+//! socket and an RDMA engine's completion channel are also watched by the
+//! reactor itself, so the task waiting on a connection is woken by its own
+//! data and reads its socket or polls its CQ itself, with no engine task
+//! between; the engine reads those connections only at its timer, and
+//! reads `mem://` ones and rdma_cm event channels for their tasks. A
+//! sending task writes its frame (or posts its work request) itself when
+//! the link is quiet.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -60,6 +63,7 @@ mod conn;
 #[cfg(feature = "tcp")]
 mod datagram;
 mod driver;
+mod hub;
 mod ready;
 
 pub use channel::{Receiver, Sender};

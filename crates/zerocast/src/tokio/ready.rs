@@ -1,12 +1,19 @@
 //! How tasks learn that a connection has something for them.
 //!
-//! A connection whose backend has a source descriptor (a `tcp://` socket)
-//! is read by its tasks themselves: the descriptor is registered with the
-//! runtime's reactor, whose readiness wakes the waiting tasks directly,
-//! and the task that runs pumps the source ([`zerocast_link::Link::read_directly`]).
-//! The engine then reads it only at its timer. Other connections are read
-//! by their engine, which wakes the waiting tasks through the
-//! connection's readiness registration.
+//! A connection whose backend has a source descriptor is read by its
+//! tasks themselves ([`zerocast_link::Link::read_directly`]), and its
+//! engine only at its timer:
+//! - a `tcp://` socket is registered with the runtime's reactor, whose
+//!   readiness wakes the waiting tasks directly, and the task that runs
+//!   pumps the source;
+//! - an RDMA connection's CQ announces its completions on its engine's
+//!   completion channel, which the reactor watches once for all of that
+//!   engine's connections (see `hub`): the reactor's wake takes the
+//!   channel's events and wakes the tasks of the connections they
+//!   concern, and the task that runs polls its CQ.
+//!
+//! Other connections (`mem://`) are read by their engine, which wakes the
+//! waiting tasks through the connection's readiness registration.
 
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
@@ -17,6 +24,7 @@ use ::tokio::io::Interest;
 use zerocast_core::RecvError;
 use zerocast_link::{Link, Notify, SourceFd, Wakers};
 
+use super::hub::HubFd;
 use crate::poller::AlreadyRegistered;
 
 /// The tasks waiting on one connection: to receive, or for what a pump
@@ -27,7 +35,7 @@ use crate::poller::AlreadyRegistered;
 pub(crate) struct RecvWakers(Mutex<Wakers>);
 
 impl RecvWakers {
-    fn add(&self, waker: &Waker) {
+    pub(crate) fn add(&self, waker: &Waker) {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).add(waker);
     }
 }
@@ -60,19 +68,29 @@ impl AsRawFd for Watched {
     }
 }
 
+/// What the reactor watches for a connection its tasks read themselves.
+#[derive(Clone)]
+enum Direct {
+    /// Its source's own descriptor.
+    Own(Arc<AsyncFd<Watched>>),
+    /// The descriptor its source shares with others', which raises the
+    /// link's hint and wakes the waiters itself.
+    Shared(Arc<HubFd>),
+}
+
 /// A connection's registration for tasks: its waiters and, when its tasks
-/// read it themselves, its source's descriptor in the reactor.
+/// read it themselves, what the reactor watches for it.
 #[derive(Clone)]
 pub(crate) struct Reading {
     wakers: Arc<RecvWakers>,
     /// `wakers` as the reactor's waker.
     waker: Waker,
-    fd: Option<Arc<AsyncFd<Watched>>>,
+    direct: Option<Direct>,
 }
 
 impl std::fmt::Debug for Reading {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Reading").field("direct", &self.fd.is_some()).finish()
+        f.debug_struct("Reading").field("direct", &self.direct.is_some()).finish()
     }
 }
 
@@ -82,25 +100,29 @@ impl Reading {
     pub(crate) fn register(conn: &crate::Connection) -> Result<Self, AlreadyRegistered> {
         let wakers = Arc::new(RecvWakers::default());
         let link = conn.link();
-        let fd =
-            link.source_fd().filter(|_| ::tokio::runtime::Handle::try_current().is_ok()).and_then(|fd| {
+        let in_runtime = ::tokio::runtime::Handle::try_current().is_ok();
+        let own = || {
+            link.source_fd().and_then(|fd| {
                 // The descriptor is the source's, which `Watched` holds
                 // open (an `Arc` of the socket) for the `AsyncFd`'s whole
                 // life: the I/O-safety condition of tokio's newer,
                 // `unsafe` registration, which this crate does not call.
                 #[allow(deprecated)]
                 let registered = AsyncFd::with_interest(Watched(fd), Interest::READABLE);
-                registered.ok()
-            });
+                registered.ok().map(|fd| Direct::Own(Arc::new(fd)))
+            })
+        };
+        let shared = || link.shared_source().and_then(|s| HubFd::watch(s, &wakers)).map(Direct::Shared);
+        let direct = if in_runtime { own().or_else(shared) } else { None };
         let notify: Arc<dyn Notify> = wakers.clone();
-        let registered = match fd {
+        let registered = match direct {
             Some(_) => link.read_directly(notify, 0),
             None => link.notify_on_ready(notify, 0),
         };
         if !registered {
             return Err(AlreadyRegistered);
         }
-        Ok(Self { waker: Waker::from(wakers.clone()), wakers, fd: fd.map(Arc::new) })
+        Ok(Self { waker: Waker::from(wakers.clone()), wakers, direct })
     }
 
     /// Take with `try_recv` what is there, reading the source first
@@ -158,18 +180,30 @@ impl Reading {
     /// it now if the reactor says there is something, and have the task
     /// woken when there is more. `true`: it read, so look again.
     fn pump_for_waiter(&self, link: &Link, cx: &mut Context<'_>) -> bool {
-        if self.fd.is_none() || !link.reads_directly() {
+        if self.direct.is_none() || !link.reads_directly() {
             return false;
         }
         self.wakers.add(cx.waker());
-        self.readable(link) && link.pump_for_credit()
+        match self.direct {
+            Some(Direct::Shared(_)) => self.readable(link) || link.pump_for_credit(),
+            _ => self.readable(link) && link.pump_for_credit(),
+        }
     }
 
-    /// Whether the reactor saw the source's descriptor readable since the
-    /// last look (the link is told, so its next pump reads); if not, the
-    /// waiters are woken when it is.
+    /// Whether the reactor saw the source's own descriptor readable since
+    /// the last look (the link is told, so its next pump reads); if not,
+    /// the waiters are woken when it is. A shared descriptor's wake tells
+    /// the link itself: `false`, unless the reactor dropped it, which hands
+    /// the connection to its engine (`true`: look again).
     fn readable(&self, link: &Link) -> bool {
-        let Some(fd) = self.fd.as_ref().filter(|_| link.reads_directly()) else { return false };
+        let fd = match self.direct.as_ref().filter(|_| link.reads_directly()) {
+            Some(Direct::Own(fd)) => fd,
+            Some(Direct::Shared(hub)) if hub.is_dead() => {
+                link.stop_reading_directly();
+                return true;
+            }
+            _ => return false,
+        };
         match fd.poll_read_ready(&mut Context::from_waker(&self.waker)) {
             Poll::Ready(Ok(mut ready)) => {
                 // Forget what the reactor saw before this pump: whatever
@@ -191,7 +225,7 @@ impl Reading {
     /// Its engine reads the connection from now on (for a thread that will
     /// not watch the descriptor).
     pub(crate) fn stop(&self, link: &Link) {
-        if self.fd.is_some() {
+        if self.direct.is_some() {
             link.stop_reading_directly();
         }
     }

@@ -93,7 +93,7 @@ impl RcSource {
     /// checks it on every message.
     #[inline]
     fn arm_again(&mut self, driver: &Driver) -> bool {
-        let due = self.uses_channel() && !self.io.notify().is_armed() && self.events_wanted(driver);
+        let due = self.uses_channel(driver) && !self.io.notify().is_armed() && self.events_wanted(driver);
         if due {
             self.arm();
         }
@@ -107,6 +107,7 @@ impl RcSource {
         self.io.engine_pumping.load(Ordering::Relaxed)
             || !driver.reader_claimed()
             || self.io.notify().is_listening()
+            || driver.reads_directly()
     }
 
     /// Request a completion event.
@@ -122,16 +123,17 @@ impl RcSource {
     /// Inlined, with the event mode's part out of line: a busy-polling
     /// `try_recv` checks it on every empty spin.
     #[inline]
-    fn settled(&mut self) -> bool {
-        !self.uses_channel() || self.settled_event()
+    fn settled(&mut self, driver: &Driver) -> bool {
+        !self.uses_channel(driver) || self.settled_event()
     }
 
-    /// Whether this pump keeps the CQ armed: in event mode, and in the
-    /// engine's pumps in either mode (a busy-polling receiving thread
-    /// spins and leaves it alone).
+    /// Whether this pump keeps the CQ armed: in event mode, and in either
+    /// mode in the engine's pumps and on a connection an async runtime's
+    /// tasks read directly, which wait for the next event (a busy-polling
+    /// receiving thread spins and leaves it alone).
     #[inline]
-    fn uses_channel(&self) -> bool {
-        self.event_mode || self.io.engine_pumping.load(Ordering::Relaxed)
+    fn uses_channel(&self, driver: &Driver) -> bool {
+        self.event_mode || self.io.engine_pumping.load(Ordering::Relaxed) || driver.reads_directly()
     }
 
     #[inline(never)]
@@ -186,7 +188,7 @@ impl Source for RcSource {
                 return Pumped::Done;
             }
             let Some(until) = until else {
-                if self.settled() {
+                if self.settled(driver) {
                     return Pumped::Idle;
                 }
                 continue;
@@ -210,7 +212,7 @@ impl Source for RcSource {
                 }
                 continue;
             }
-            if !self.settled() {
+            if !self.settled(driver) {
                 continue;
             }
             // A sleep on the thread's interrupt lasts until its deadline.

@@ -119,49 +119,59 @@ impl Session {
             Some(_) => 100,
             None => (spec.iters / 10).min(100),
         };
-        for seq in 0..warmup {
-            dp.send(seq)?;
-            dp.recv_expect(seq)?;
-        }
         let until = Until::new(spec);
         let mut samples = LatSamples::new();
-        let start = Instant::now();
-        // One clock read per round trip, each sample the time between two
-        // consecutive reads, as perftest does; the clock is the cycle
-        // counter unless asked otherwise (see `clock`). The read comes
-        // after the next message is sent, while its reply is on the way,
-        // and each reply is held until that send (see
-        // `DataPath::recv_then`): neither giving the buffer back nor
-        // taking the next message's buffer from the pool
-        // (`DataPath::prepare`) is on the round trip.
-        let mut clock = SampleClock::start(self.clock);
-        let mut i = 0u64;
-        let mut more = !until.done(0, start);
-        if more {
-            dp.send(warmup).with_context(|| format!("sending message {warmup}"))?;
-        }
-        let mut t0 = clock.now();
-        while more {
-            // The next request's buffer, taken while this reply travels.
-            dp.prepare()?;
-            let seq = warmup + i;
-            // Decided before the reply arrives, and once: whether message
-            // `seq + 1` goes out is what the server will have echoed.
-            more = !until.done(i + 1, start);
-            let next = more;
-            dp.recv_expect_then(seq, |_| match next {
-                true => dp.send(seq + 1).with_context(|| format!("sending message {}", seq + 1)),
-                false => Ok(()),
-            })?;
-            let t1 = clock.now();
-            samples.record(clock.between(t0, t1));
-            t0 = t1;
-            i += 1;
-            if i % 256 == 0 {
-                progress.test_at(until.fraction(i, start));
+        // The whole ping-pong is one loop, which the async API runs in one
+        // task, as an async application would (see `DataPath::drive`).
+        let (i, cal) = dp.drive(async {
+            for seq in 0..warmup {
+                dp.send_async(seq).await?;
+                dp.recv_expect(seq).await?;
             }
-        }
-        let cal = clock.finish();
+            let start = Instant::now();
+            // One clock read per round trip, each sample the time between two
+            // consecutive reads, as perftest does; the clock is the cycle
+            // counter unless asked otherwise (see `clock`). The read comes
+            // after the next message is sent, while its reply is on the way,
+            // and each reply is held until that send (see
+            // `DataPath::recv_then`): neither giving the buffer back nor
+            // taking the next message's buffer from the pool
+            // (`DataPath::prepare`) is on the round trip.
+            let mut clock = SampleClock::start(self.clock);
+            let mut i = 0u64;
+            let mut more = !until.done(0, start);
+            if more {
+                dp.send_async(warmup).await.with_context(|| format!("sending message {warmup}"))?;
+            }
+            let mut t0 = clock.now();
+            while more {
+                // The next request's buffer, taken while this reply travels.
+                dp.prepare().await?;
+                let seq = warmup + i;
+                // Decided before the reply arrives, and once: whether message
+                // `seq + 1` goes out is what the server will have echoed.
+                more = !until.done(i + 1, start);
+                let next = more;
+                dp.recv_expect_then(seq, |_| async move {
+                    match next {
+                        true => dp
+                            .send_async(seq + 1)
+                            .await
+                            .with_context(|| format!("sending message {}", seq + 1)),
+                        false => Ok(()),
+                    }
+                })
+                .await?;
+                let t1 = clock.now();
+                samples.record(clock.between(t0, t1));
+                t0 = t1;
+                i += 1;
+                if i % 256 == 0 {
+                    progress.test_at(until.fraction(i, start));
+                }
+            }
+            Ok((i, clock.finish()))
+        })?;
         dp.close();
         let report = self.report()?;
         if report.msgs != warmup + i {

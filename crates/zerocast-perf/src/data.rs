@@ -2,7 +2,11 @@
 //! spinning or blocking, on a connection shaped for the test.
 
 use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::pin;
 use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll as TaskPoll, Wake, Waker};
 use std::time::Duration;
 
 use tokio::runtime::Runtime;
@@ -162,20 +166,43 @@ impl DataPath {
     /// pool: what a latency-bound application does with the raw API. A
     /// no-op for typed messages, which the sender encodes into a buffer of
     /// its own.
-    pub(crate) fn prepare(&self) -> anyhow::Result<()> {
-        let mut spare = self.spare.borrow_mut();
-        if spare.is_none() {
-            match &self.io {
-                Io::Raw(conn) => *spare = Some(conn.alloc(self.size)?),
-                Io::Async(rt, conn) => *spare = Some(rt.block_on(conn.alloc(self.size))?),
-                Io::Typed(..) => {}
-            }
+    pub(crate) async fn prepare(&self) -> anyhow::Result<()> {
+        if self.spare.borrow().is_none() {
+            let buf = match &self.io {
+                Io::Raw(conn) => conn.alloc(self.size)?,
+                Io::Async(_, conn) => conn.alloc(self.size).await?,
+                Io::Typed(..) => return Ok(()),
+            };
+            *self.spare.borrow_mut() = Some(buf);
         }
         Ok(())
     }
 
+    /// Run `fut`, one of this data path's loops: on the runtime through
+    /// the async API, with one `block_on` for the whole loop, as an async
+    /// application runs it in one task; otherwise in one poll, since the
+    /// blocking API's calls wait inside it.
+    pub(crate) fn drive<R>(&self, fut: impl Future<Output = anyhow::Result<R>>) -> anyhow::Result<R> {
+        match &self.io {
+            Io::Async(rt, _) => rt.block_on(fut),
+            _ => {
+                let waker = Waker::from(Arc::new(NeverWoken));
+                match pin!(fut).poll(&mut Context::from_waker(&waker)) {
+                    TaskPoll::Ready(r) => r,
+                    TaskPoll::Pending => bail!("a blocking data path's call returned before its end"),
+                }
+            }
+        }
+    }
+
     /// Send message `seq` of the test's size.
     pub(crate) fn send(&self, seq: u64) -> anyhow::Result<()> {
+        self.drive(self.send_async(seq))
+    }
+
+    /// [`DataPath::send`], awaited inside a loop that [`DataPath::drive`]
+    /// runs.
+    pub(crate) async fn send_async(&self, seq: u64) -> anyhow::Result<()> {
         match &self.io {
             Io::Raw(conn) => {
                 let mut buf = match self.spare.take() {
@@ -197,13 +224,13 @@ impl DataPath {
                 }
                 conn.send(buf).map_err(send_failed)
             }
-            Io::Async(rt, conn) => {
+            Io::Async(_, conn) => {
                 let mut buf = match self.spare.take() {
                     Some(b) => b,
-                    None => rt.block_on(conn.alloc(self.size))?,
+                    None => conn.alloc(self.size).await?,
                 };
                 stamp(&mut buf, seq);
-                rt.block_on(conn.send(buf)).map_err(send_failed)
+                conn.send(buf).await.map_err(send_failed)
             }
             Io::Typed(tx, _) => {
                 let mut msg = Chunk { seq, data: &ZEROS[..self.size] };
@@ -226,7 +253,7 @@ impl DataPath {
     /// Receive the next message; `None` once the peer closed and every
     /// message before its goodbye was received.
     pub(crate) fn recv(&self) -> anyhow::Result<Option<Got>> {
-        self.recv_then(Ok)
+        self.drive(self.recv_then(|got| async move { Ok(got) }))
     }
 
     /// Receive the next message and run `then` on it while it is still
@@ -235,25 +262,29 @@ impl DataPath {
     /// first, so giving the buffer back is not on the round trip: that
     /// work is done while the reply travels. `None` once the peer closed
     /// and every message before its goodbye was received.
-    pub(crate) fn recv_then<R>(
+    pub(crate) async fn recv_then<R, T: Future<Output = anyhow::Result<R>>>(
         &self,
-        then: impl FnOnce(Got) -> anyhow::Result<R>,
+        then: impl FnOnce(Got) -> T,
     ) -> anyhow::Result<Option<R>> {
         loop {
             let r = match &self.io {
                 Io::Raw(conn) => match if self.busy { conn.try_recv() } else { conn.recv() } {
-                    Ok(m) => return then(Got { seq: stamp_of(&m) & self.mask, len: m.len() }).map(Some),
+                    Ok(m) => {
+                        return then(Got { seq: stamp_of(&m) & self.mask, len: m.len() }).await.map(Some)
+                    }
                     Err(e) => e,
                 },
-                Io::Async(rt, conn) => match rt.block_on(conn.recv()) {
-                    Ok(m) => return then(Got { seq: stamp_of(&m) & self.mask, len: m.len() }).map(Some),
+                Io::Async(_, conn) => match conn.recv().await {
+                    Ok(m) => {
+                        return then(Got { seq: stamp_of(&m) & self.mask, len: m.len() }).await.map(Some)
+                    }
                     Err(e) => e,
                 },
                 Io::Typed(_, rx) => {
                     match if self.busy { rx.recv_ref_timeout(Duration::ZERO) } else { rx.recv_ref() } {
                         Ok(g) => {
                             let got = Got { seq: g.get().seq & self.mask, len: g.get().data.len() };
-                            return then(got).map(Some);
+                            return then(got).await.map(Some);
                         }
                         Err(zerocast::TypedRecvError::Recv(e)) => e,
                         Err(e) => return Err(anyhow!(e).context("a typed message did not decode")),
@@ -272,22 +303,24 @@ impl DataPath {
     }
 
     /// Receive message `expect`, failing on anything else.
-    pub(crate) fn recv_expect(&self, expect: u64) -> anyhow::Result<Got> {
-        self.recv_expect_then(expect, |_| Ok(()))
+    pub(crate) async fn recv_expect(&self, expect: u64) -> anyhow::Result<Got> {
+        self.recv_expect_then(expect, |_| async { Ok(()) }).await
     }
 
     /// Receive message `expect`, failing on anything else, and run `then`
     /// while it is held (see [`DataPath::recv_then`]).
-    pub(crate) fn recv_expect_then(
+    pub(crate) async fn recv_expect_then<T: Future<Output = anyhow::Result<()>>>(
         &self,
         expect: u64,
-        then: impl FnOnce(Got) -> anyhow::Result<()>,
+        then: impl FnOnce(Got) -> T,
     ) -> anyhow::Result<Got> {
-        let got = self.recv_then(|got| {
-            self.check(got, expect)?;
-            then(got)?;
-            Ok(got)
-        })?;
+        let got = self
+            .recv_then(|got| async move {
+                self.check(got, expect)?;
+                then(got).await?;
+                Ok(got)
+            })
+            .await?;
         got.ok_or_else(|| anyhow!("the peer closed the data connection early (waiting for message {expect})"))
     }
 
@@ -317,6 +350,14 @@ impl DataPath {
             }
         }
     }
+}
+
+/// The waker of a blocking data path's loop, whose calls never leave a
+/// poll pending.
+struct NeverWoken;
+
+impl Wake for NeverWoken {
+    fn wake(self: Arc<Self>) {}
 }
 
 /// How long an async data path's close waits for the peer's goodbye.

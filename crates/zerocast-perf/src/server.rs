@@ -131,16 +131,25 @@ fn echo(dp: &DataPath) -> anyhow::Result<ServerReport> {
     // The reply goes out before the request's buffer is given back (see
     // `DataPath::recv_then`), and the next reply's buffer is taken while
     // the next request is on its way (`DataPath::prepare`).
-    dp.prepare()?;
-    while let Some(got) = dp.recv_then(|got| {
-        dp.check(got, report.msgs)?;
-        dp.send(report.msgs)?;
-        Ok(got)
-    })? {
-        report.msgs += 1;
-        report.bytes += got.len as u64;
-        dp.prepare()?;
-    }
+    // One loop, which the async API runs in one task (see
+    // `DataPath::drive`).
+    dp.drive(async {
+        dp.prepare().await?;
+        loop {
+            let seq = report.msgs;
+            let got = dp
+                .recv_then(|got| async move {
+                    dp.check(got, seq)?;
+                    dp.send_async(seq).await?;
+                    Ok(got)
+                })
+                .await?;
+            let Some(got) = got else { return Ok(()) };
+            report.msgs += 1;
+            report.bytes += got.len as u64;
+            dp.prepare().await?;
+        }
+    })?;
     dp.close();
     Ok(report)
 }

@@ -268,10 +268,9 @@ impl Zerocast {
     }
 
     /// [`Zerocast::connect`] for a task, to a resolved endpoint: on
-    /// `tcp://` and `rc://` the connect and handshake are engine tasks;
-    /// `mem://` connects without waiting anyway. `rc+oob://`'s side
-    /// channel exchange waits on the calling thread, so it runs on the
-    /// runtime's blocking pool.
+    /// `tcp://`, `rc://` and `rc+oob://` the connect and handshake are
+    /// engine tasks (a name is looked up on the runtime's blocking pool);
+    /// `mem://` connects without waiting anyway.
     #[cfg(feature = "tokio")]
     pub(crate) async fn connect_async(&self, ep: &Endpoint) -> Result<Connection, ConnectError> {
         #[cfg(any(feature = "tcp", feature = "rdma"))]
@@ -295,13 +294,9 @@ impl Zerocast {
             }
             #[cfg(feature = "rdma")]
             Scheme::RcOob => {
-                let (zc, at) = (self.clone(), ep.clone());
-                let connect = move || zerocast_core::Transport::connect(&zc.rc_for(&at)?, &at);
-                let joined = ::tokio::task::spawn_blocking(connect).await;
-                made(Flavor::Rc(joined.map_err(|e| ConnectError::Transport {
-                    kind: ErrorKind::LocalResource,
-                    source: format!("the connecting task failed: {e}").into(),
-                })??))
+                let addr = lookup(ep).await?[0];
+                let started = self.rc_for(ep)?.connect_nonblocking_to(ep, addr)?;
+                made(Flavor::Rc(started.await.ok_or_else(gone)??))
             }
             _ => self.connect(&ep.to_string()),
         }
@@ -471,7 +466,7 @@ fn larger_pool(base: &PoolConfig, max_payload: u64) -> PoolConfig {
 
 /// `ep`'s addresses: parsed when it names an address, else looked up by
 /// the runtime (on its blocking pool, as `getaddrinfo` blocks).
-#[cfg(all(feature = "tokio", feature = "tcp"))]
+#[cfg(all(feature = "tokio", any(feature = "tcp", feature = "rdma")))]
 async fn lookup(ep: &Endpoint) -> Result<Vec<std::net::SocketAddr>, ConnectError> {
     let authority = ep.authority();
     if let Ok(addr) = authority.parse() {

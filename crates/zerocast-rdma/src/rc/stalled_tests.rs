@@ -203,3 +203,86 @@ fn stalled_and_junk_side_channel_peers_do_not_delay_good_clients() {
     check(&times, STALLED);
     drop(stalled);
 }
+
+/// Drive `fut` on this thread until it is ready (the engines run on their
+/// own threads; their wake unparks this one).
+fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+    struct Unpark(thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(thread::current())));
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut std::task::Context::from_waker(&waker)) {
+            return v;
+        }
+        thread::park();
+    }
+}
+
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").expect("/proc/self/task").count()
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn a_nonblocking_side_channel_connect_to_a_stalled_or_junk_listener_fails_by_its_deadline_on_no_thread() {
+    const PEERS: usize = 100;
+    const DEADLINE: Duration = Duration::from_millis(1500);
+    raise_nofile();
+    // Listeners that accept and then say nothing, or say junk.
+    let silent = std::net::TcpListener::bind(format!("{}:0", addr())).expect("silent listener");
+    let junk = std::net::TcpListener::bind(format!("{}:0", addr())).expect("junk listener");
+    let junk_at = junk.local_addr().expect("address");
+    let answering = thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in junk.incoming().take(PEERS) {
+            let mut s = s.expect("accept");
+            let _ = s.write_all(&[0x5a; INFO_LEN + 1]);
+            held.push(s);
+        }
+        held
+    });
+    let cfg = RcConfig { connect_timeout: DEADLINE, ..RcConfig::default() };
+    let t = RcTransport::new(cfg, PoolConfig::default()).expect("client transport");
+    let ep = |at: SocketAddr| Endpoint::parse(&format!("rc+oob://{at}")).expect("endpoint");
+    let silent_at = silent.local_addr().expect("address");
+    // One first, so that the engines' threads exist before the count.
+    let first = t.connect_nonblocking_to(&ep(silent_at), silent_at).expect("started");
+    let before = threads();
+    let start = Instant::now();
+    let mut pending: Vec<_> = (0..PEERS)
+        .flat_map(|_| {
+            [
+                t.connect_nonblocking_to(&ep(silent_at), silent_at).expect("started"),
+                t.connect_nonblocking_to(&ep(junk_at), junk_at).expect("started"),
+            ]
+        })
+        .collect();
+    let after = threads();
+    assert!(after <= before, "connecting took threads: {before} before, {after} after");
+    pending.push(first);
+    let (mut timed_out, mut refused) = (0, 0);
+    for c in pending {
+        match block_on(c).expect("the engine ended the attempt") {
+            Ok(_) => panic!("connected to a listener that never answered"),
+            Err(e) if e.kind() == zerocast_core::ErrorKind::Timeout => timed_out += 1,
+            Err(e) => {
+                assert!(
+                    matches!(e, zerocast_core::ConnectError::Handshake { .. }),
+                    "a junk answer is a handshake error: {e:?}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    let took = start.elapsed();
+    eprintln!("{timed_out} timed out, {refused} refused as junk, in {took:?}");
+    assert_eq!((timed_out, refused), (PEERS + 1, PEERS));
+    assert!(took < DEADLINE * 4, "the attempts ran one after another: {took:?}");
+    drop(answering.join().expect("junk listener"));
+    drop(silent);
+}

@@ -119,11 +119,12 @@ impl Zerocast {
     /// Connect to `uri`: the same URIs (and `auto://` resolution through
     /// `ZEROCAST_TRANSPORTS`) as [`crate::Zerocast::connect`].
     ///
-    /// On `tcp://` (the connect and the hello exchange) and `rc://` (the
+    /// On `tcp://` (the connect and the hello exchange), `rc://` (the
     /// address and route resolution, the connect request and its answer)
-    /// the handshake runs on the engine with no thread waiting; a `tcp://`
-    /// name is resolved through `tokio::net::lookup_host`. `rc+oob://`'s
-    /// side-channel exchange runs on the runtime's blocking pool.
+    /// and `rc+oob://` (the side channel's connect and the exchange of
+    /// records) the handshake runs on the engine with no thread waiting; a
+    /// `tcp://` or `rc+oob://` name is resolved through
+    /// `tokio::net::lookup_host`.
     /// Cancel-safe: a dropped future abandons the attempt, and a
     /// connection it made meanwhile is closed.
     pub async fn connect(&self, uri: &str) -> Result<Connection, ConnectError> {

@@ -1,7 +1,8 @@
 //! The datagram assertions over the async API (`zerocast::tokio`): typed
 //! datagrams in order with a reply, a receiving task woken by every
 //! arrival (each one sent as it re-arms), receives dropped at random points
-//! losing nothing, and a multicast group joined, left and rejoined. Run
+//! losing nothing, a socket shared with a receiving thread, and a
+//! multicast group joined, left and rejoined. Run
 //! over UDP on the host and over RDMA UD in the Soft-RoCE guest, on
 //! loopback and paced, where nothing is lost unless a receiver is overrun.
 
@@ -121,6 +122,48 @@ pub async fn ping_pong_wakes_every_time(env: AsyncDatagramEnv, rounds: u64) {
         assert_eq!(u64::from_le_bytes(d[..8].try_into().expect("8 bytes")), i);
     }
     echo.await.expect("echo");
+}
+
+/// A socket that a thread receives on too: while the thread's blocking
+/// receive holds the socket's receive side, a task's receive waits to be
+/// woken when the thread is done (a handful of polls, not a spin), and
+/// then takes the next datagram.
+pub async fn shared_with_a_receiving_thread(env: AsyncDatagramEnv) {
+    const HOLD: Duration = Duration::from_millis(400);
+    let (rx, tx) = (Arc::new(env.bind().await), env.bind().await);
+    let at = rx.local_addr();
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let held = Arc::clone(&rx);
+    let thread = std::thread::spawn(move || {
+        entered_tx.send(()).expect("the test waits");
+        // Nothing is sent while it waits: it times out, having held the
+        // receive side all along.
+        held.as_blocking().recv_from(Some(std::time::Instant::now() + HOLD)).map(drop)
+    });
+    entered.recv().expect("the thread started");
+    // Let the thread's receive take the socket before the task's first
+    // look (if it has not, the task waits on the socket instead, and the
+    // poll count below holds all the same).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let polls = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&polls);
+    let task_rx = Arc::clone(&rx);
+    let task = tokio::spawn(async move {
+        let mut recv = std::pin::pin!(task_rx.recv_timeout(HANG));
+        std::future::poll_fn(|cx| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            recv.as_mut().poll(cx)
+        })
+        .await
+        .map(|(d, from)| (d.to_vec(), from))
+    });
+    let done = tokio::task::spawn_blocking(move || thread.join()).await.expect("join").expect("thread");
+    assert!(matches!(done, Err(RecvError::Timeout)), "the thread's receive: {done:?}");
+    let during = polls.load(Ordering::SeqCst);
+    send(&tx, &at, b"after the thread").await;
+    let (d, from) = task.await.expect("task").expect("the task's receive");
+    assert_eq!((&d[..], from), (&b"after the thread"[..], tx.local_addr()));
+    assert!(during <= 4, "the task's receive was polled {during} times while the thread held the socket");
 }
 
 /// Receives dropped at random points (raced against a short timer) lose

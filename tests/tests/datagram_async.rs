@@ -25,6 +25,11 @@ fn async_cancelled_receives_lose_nothing() {
 }
 
 #[test]
+fn async_socket_shared_with_a_receiving_thread() {
+    run(suite::shared_with_a_receiving_thread);
+}
+
+#[test]
 fn async_group_join_leave_rejoin() {
     run(|env| suite::group_join_leave_rejoin(env, suite::group(7)));
 }

@@ -35,6 +35,12 @@ fn async_cancelled_receives_lose_nothing() {
 
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn async_socket_shared_with_a_receiving_thread() {
+    run(suite::shared_with_a_receiving_thread);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
 fn async_group_join_leave_rejoin() {
     run(|env| suite::group_join_leave_rejoin(env, suite::group(8)));
 }

@@ -1,11 +1,16 @@
 //! [`TurnLock`]: a lock whose waiters honour a deadline, for what one
 //! thread at a time drives (a datagram socket's receive side, say):
 //! `std`'s `Mutex` cannot be waited for with a timeout, and spinning on
-//! `try_lock` with naps wakes the waiter for nothing.
+//! `try_lock` with naps wakes the waiter for nothing. A task that finds
+//! the turn taken has its waker kept ([`TurnLock::wake_when_free`]) and
+//! woken when the turn is passed on.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::task::Waker;
 use std::time::Instant;
+
+use crate::Wakers;
 
 /// A value that threads take turns at, waiting until a deadline.
 #[derive(Debug, Default)]
@@ -21,6 +26,8 @@ struct Turns {
     busy: bool,
     /// Threads waiting for the turn: the holder notifies only if there are.
     waiting: u32,
+    /// Tasks to wake when the turn is passed on.
+    tasks: Wakers,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -54,6 +61,18 @@ impl<T> TurnLock<T> {
         t.busy = true;
         drop(t);
         Some(TurnGuard { owner: self, value: Some(lock(&self.value)) })
+    }
+
+    /// For a task that found the turn taken ([`TurnLock::try_lock`]): have
+    /// `waker` woken when the turn is passed on. `false` if it is free
+    /// already (try again now). Registered under the turn's lock, which its
+    /// holder takes to pass it on, so the wake cannot be missed.
+    pub fn wake_when_free(&self, waker: &Waker) -> bool {
+        let mut t = lock(&self.turn);
+        if t.busy {
+            t.tasks.add(waker);
+        }
+        t.busy
     }
 
     /// Take the turn if nobody holds it.
@@ -96,6 +115,9 @@ impl<T> Drop for TurnGuard<'_, T> {
         let mut t = lock(&self.owner.turn);
         t.busy = false;
         let waiting = t.waiting > 0;
+        // A wake only schedules a task: done under the lock, which keeps
+        // the set's allocation.
+        t.tasks.wake_all();
         drop(t);
         if waiting {
             self.owner.freed.notify_one();
@@ -122,6 +144,29 @@ mod tests {
         assert!(l.lock(Some(start)).is_none(), "a past deadline does not wait");
         drop(t);
         assert_eq!(*l.try_lock().expect("free again"), 1, "the value is kept");
+    }
+
+    #[test]
+    fn a_task_that_found_the_turn_taken_is_woken_when_it_is_passed_on() {
+        struct Count(std::sync::atomic::AtomicUsize);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let woken = Arc::new(Count(Default::default()));
+        let waker = Waker::from(Arc::clone(&woken));
+        let count = || woken.0.load(std::sync::atomic::Ordering::SeqCst);
+        let l = TurnLock::new(());
+        assert!(!l.wake_when_free(&waker), "free: try again now");
+        let t = l.try_lock().expect("free");
+        assert!(l.try_lock().is_none());
+        assert!(l.wake_when_free(&waker), "taken: kept");
+        assert_eq!(count(), 0);
+        drop(t);
+        assert_eq!(count(), 1, "woken when the turn was passed on");
+        drop(l.try_lock().expect("free again"));
+        assert_eq!(count(), 1, "woken once, for that turn only");
     }
 
     #[test]

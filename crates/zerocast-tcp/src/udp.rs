@@ -245,6 +245,8 @@ pub struct UdpSocket {
 enum Mode {
     Block(Option<Instant>),
     Try,
+    /// `Try`, for an event loop: another receiver's turn is `Timeout`.
+    Arm,
 }
 
 impl UdpSocket {
@@ -422,6 +424,22 @@ impl UdpSocket {
         self.recv(Mode::Try)
     }
 
+    /// For an event loop: [`UdpSocket::try_recv_from`], except that while
+    /// another thread is receiving it is [`RecvError::Timeout`] (nothing
+    /// was looked at: ask [`UdpSocket::wake_when_free`] to be told when
+    /// that receive is over). `Empty` means nothing is queued, and the
+    /// socket turns readable on the next datagram.
+    pub fn try_recv_armed(&self) -> Result<(RecvDatagram, SocketAddr), RecvError> {
+        self.recv(Mode::Arm)
+    }
+
+    /// After [`UdpSocket::try_recv_armed`] found another thread receiving:
+    /// have `waker` woken when that receive is over. `false` if it is
+    /// over already (try again now).
+    pub fn wake_when_free(&self, waker: &std::task::Waker) -> bool {
+        self.gate.wake_when_free(waker)
+    }
+
     /// The size of the pool buffer each receive takes (the largest
     /// datagram, its header and one byte to tell an oversized one): what a
     /// receive that found the pool at its cap waits for.
@@ -440,7 +458,7 @@ impl UdpSocket {
         let rx_len = rx_len(self.max_datagram);
         let wait = match mode {
             Mode::Block(deadline) => wait_until(deadline),
-            Mode::Try => Wait::No,
+            Mode::Try | Mode::Arm => Wait::No,
         };
         let mut buf = self.pool.alloc(rx_len, wait).map_err(|e| match e {
             PoolError::Timeout { .. } => RecvError::Timeout,
@@ -449,10 +467,11 @@ impl UdpSocket {
         let mut turn = match mode {
             Mode::Block(deadline) => self.gate.enter(deadline).ok_or(RecvError::Timeout)?,
             Mode::Try => self.gate.try_enter().ok_or(RecvError::Empty)?,
+            Mode::Arm => self.gate.try_enter().ok_or(RecvError::Timeout)?,
         };
         // Declared after `turn`, so blocking mode is back before the turn passes on.
         let _nonblocking = match mode {
-            Mode::Try => Some(NonBlocking::new(&self.sock)?),
+            Mode::Try | Mode::Arm => Some(NonBlocking::new(&self.sock)?),
             Mode::Block(_) => None,
         };
         loop {
@@ -471,7 +490,7 @@ impl UdpSocket {
                 Ok(r) => r,
                 Err(e) => match e.kind() {
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => match mode {
-                        Mode::Try => return Err(RecvError::Empty),
+                        Mode::Try | Mode::Arm => return Err(RecvError::Empty),
                         // Checked against the deadline at the top.
                         Mode::Block(_) => continue,
                     },

@@ -28,6 +28,12 @@ impl RecvGate {
     pub(super) fn try_enter(&self) -> Option<Turn<'_>> {
         self.0.try_lock().map(Turn)
     }
+
+    /// Have `waker` woken when the turn is passed on; `false` if it is
+    /// free (see [`TurnLock::wake_when_free`]).
+    pub(super) fn wake_when_free(&self, waker: &std::task::Waker) -> bool {
+        self.0.wake_when_free(waker)
+    }
 }
 
 /// The right to change the socket's receive options and receive. Dropping

@@ -309,15 +309,24 @@ impl DatagramSocket {
     /// For an event loop: [`DatagramSocket::try_recv_from`], leaving the
     /// socket so that [`DatagramSocket::readiness_fd`] turns readable on the
     /// next arrival when it finds nothing (`Empty`); `Timeout` while
-    /// another thread receives (nothing was armed: try again).
+    /// another thread receives (nothing was looked at: see
+    /// [`DatagramSocket::wake_when_free`]).
     #[cfg(feature = "tokio")]
     pub(crate) fn try_recv_armed(&self) -> Result<(RecvDatagram, SocketAddr), RecvError> {
         match &self.flavor {
             // A UDP socket is readable while a datagram is queued.
-            Flavor::Udp(s) => s.try_recv_from().map(|(d, a)| (RecvDatagram { flavor: RxFlavor::Udp(d) }, a)),
+            Flavor::Udp(s) => s.try_recv_armed().map(|(d, a)| (RecvDatagram { flavor: RxFlavor::Udp(d) }, a)),
             #[cfg(feature = "rdma")]
             Flavor::Ud(s) => s.try_recv_armed().map(|(d, a)| (RecvDatagram { flavor: RxFlavor::Ud(d) }, a)),
         }
+    }
+
+    /// After [`DatagramSocket::try_recv_armed`] found another thread
+    /// receiving (`Timeout`): have `waker` woken when that receive is
+    /// over. `false` if it is over already (try again now).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn wake_when_free(&self, waker: &std::task::Waker) -> bool {
+        each!(self, s => s.wake_when_free(waker))
     }
 
     /// A descriptor (the caller's own duplicate) readable when a datagram

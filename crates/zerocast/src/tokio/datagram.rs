@@ -54,7 +54,8 @@ impl RecvOutcome for TypedDatagramError {
 
 /// Take what `try_armed` finds; on nothing, register with `watch` and look
 /// once more (what came between the looks is found, what comes after
-/// makes the descriptor readable). Another receiver's turn: try again soon.
+/// makes the descriptor readable). Another receiver's turn (a thread's
+/// blocking receive): wait until it passes the turn on.
 /// No pool buffer to receive into (`sock`'s pool at its cap): wait for
 /// one, as a blocking receive would.
 fn poll_armed<T, E: RecvOutcome>(
@@ -77,8 +78,9 @@ fn poll_armed<T, E: RecvOutcome>(
                 }
             }
             Err(e) if matches!(e.recv_error(), Some(RecvError::Timeout)) => {
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
+                if sock.wake_when_free(cx.waker()) {
+                    return Poll::Pending;
+                }
             }
             Err(e) if e.is_empty() => {
                 if registered {

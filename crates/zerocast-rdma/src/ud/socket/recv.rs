@@ -56,6 +56,13 @@ impl UdSocket {
         self.recv(Mode::Arm)
     }
 
+    /// After [`UdSocket::try_recv_armed`] found another thread receiving:
+    /// have `waker` woken when that receive is over. `false` if it is
+    /// over already (try again now).
+    pub fn wake_when_free(&self, waker: &std::task::Waker) -> bool {
+        self.io.rx_turn.wake_when_free(waker)
+    }
+
     /// A duplicate of the receive CQ's completion channel descriptor,
     /// readable once a completion arrives on a CQ that
     /// [`UdSocket::try_recv_armed`] left armed.

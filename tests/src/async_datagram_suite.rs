@@ -63,7 +63,7 @@ impl AsyncDatagramEnv {
 async fn send(s: &DatagramSocket, to: &SocketAddr, bytes: &[u8]) {
     let mut b = s.alloc(bytes.len()).await.expect("alloc");
     b.copy_from_slice(bytes);
-    s.send_to(b, to).map_err(|(_, e)| e).expect("send");
+    s.send_to(b, to).await.map_err(|(_, e)| e).expect("send");
 }
 
 fn tick(i: u64) -> Tick {
@@ -210,7 +210,7 @@ pub async fn group_join_leave_rejoin(env: AsyncDatagramEnv, group: SocketAddr) {
     send(&sender, &group, b"while out").await;
     assert_eq!(&*other.recv_timeout(HANG).await.expect("other member").0, b"while out");
     assert!(matches!(m.recv_timeout(Duration::from_millis(500)).await, Err(RecvError::Timeout)));
-    m.join(&group).expect("rejoin");
+    m.join(&group).await.expect("rejoin");
     send(&sender, &group, b"back").await;
     assert_eq!(&*m.recv_timeout(HANG).await.expect("member again").0, b"back");
 }

@@ -61,7 +61,7 @@ fn async_receive_waits_for_a_pool_buffer() {
         assert!(!held.is_empty());
         let mut b = tx.alloc(3).await.expect("alloc");
         b.copy_from_slice(b"abc");
-        tx.send_to(b, &rx.local_addr()).map_err(|(_, e)| e).expect("send");
+        tx.send_to(b, &rx.local_addr()).await.map_err(|(_, e)| e).expect("send");
         let mut recv = std::pin::pin!(rx.recv_from());
         let early = tokio::time::timeout(Duration::from_millis(200), recv.as_mut()).await;
         assert!(early.is_err(), "no buffer to receive into: it waits, and does not fail: {early:?}");

@@ -9,12 +9,19 @@
 //! and address-handle attributes) or joining a group (address, then
 //! `rdma_join_multicast`, whose MULTICAST_JOIN event carries the same for
 //! the group).
+//!
+//! A resolve and a join are futures over those events: a task awaits them
+//! (each step's own rdma_cm timeout ends it with an error event, and the
+//! caller's timer bounds the whole), and a blocking caller drives the same
+//! future on its thread until the resolve timeout ([`wait_until`]).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use rdma_sys::{rdma_cm_event_type as ev, rdma_conn_param};
@@ -40,13 +47,20 @@ pub(super) struct Cm {
     /// it lives as long as the socket.
     _listen: CmId,
     qpn: u32,
-    waiters: Mutex<HashMap<usize, Option<Got>>>,
-    cv: Condvar,
+    waiters: Mutex<HashMap<usize, Slot>>,
     /// Groups' ids → their failed flag.
     watched: Mutex<HashMap<usize, Arc<AtomicBool>>>,
     /// Rung by [`Cm::stop`]; until then the event thread sleeps on the
     /// channel with no timeout.
     stop: Closing,
+}
+
+/// What an id's waiter has: the event that came for it, or the waker of
+/// the task (or thread) waiting for one.
+#[derive(Default)]
+struct Slot {
+    got: Option<Got>,
+    waker: Option<Waker>,
 }
 
 /// Unregisters a waiter when the wait ends, however it ends.
@@ -72,7 +86,6 @@ impl Cm {
             _listen: listen,
             qpn,
             waiters: Mutex::new(HashMap::new()),
-            cv: Condvar::new(),
             watched: Mutex::new(HashMap::new()),
             stop: Closing::new()?,
         }))
@@ -123,8 +136,10 @@ impl Cm {
             let mut w = lock(&self.waiters);
             match w.get_mut(&key) {
                 Some(slot) => {
-                    *slot = Some(got);
-                    self.cv.notify_all();
+                    slot.got = Some(got);
+                    if let Some(waker) = slot.waker.take() {
+                        waker.wake();
+                    }
                 }
                 None => tracing::debug!(event = %event_name(kind), "UD rdma_cm event with no waiter"),
             }
@@ -146,39 +161,42 @@ impl Cm {
 
     fn register(&self, id: &CmId) -> Waiting<'_> {
         let key = id.as_ptr() as usize;
-        lock(&self.waiters).insert(key, None);
+        lock(&self.waiters).insert(key, Slot::default());
         Waiting { cm: self, key }
     }
 
-    /// Wait for the next event of `w`'s id; it must be `want`.
-    fn expect(&self, w: &Waiting<'_>, want: ev::Type, deadline: Instant) -> Result<Got, String> {
-        let mut map = lock(&self.waiters);
-        loop {
-            if let Some(slot) = map.get_mut(&w.key) {
-                if let Some(got) = slot.take() {
-                    if got.kind == want {
-                        return Ok(got);
-                    }
-                    return Err(format!("{} (status {})", event_name(got.kind), got.status));
+    /// The next event of `w`'s id; it must be `want` (else the error names
+    /// the one that came).
+    async fn event(&self, w: &Waiting<'_>, want: ev::Type) -> Result<Got, String> {
+        std::future::poll_fn(|cx| {
+            let mut map = lock(&self.waiters);
+            let Some(slot) = map.get_mut(&w.key) else {
+                return Poll::Ready(Err(format!("no {} (the wait was unregistered)", event_name(want))));
+            };
+            match slot.got.take() {
+                Some(got) if got.kind == want => Poll::Ready(Ok(got)),
+                Some(got) => Poll::Ready(Err(format!("{} (status {})", event_name(got.kind), got.status))),
+                None => {
+                    slot.waker = Some(cx.waker().clone());
+                    Poll::Pending
                 }
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(format!("no {} within the resolve timeout", event_name(want)));
-            }
-            map = self.cv.wait_timeout(map, left).unwrap_or_else(|p| p.into_inner()).0;
-        }
+        })
+        .await
     }
 
-    /// Resolve `peer` from `local`: its QPN, Q_Key and address-handle attributes.
-    pub(super) fn resolve(
+    /// Resolve `peer` from `local`: its QPN, Q_Key and address-handle
+    /// attributes. Each rdma_cm step is given `timeout`, at whose end
+    /// rdma_cm reports an error event; `step` names the step under way.
+    pub(super) async fn resolve(
         &self,
         local: SocketAddr,
         peer: SocketAddr,
         timeout: Duration,
+        step: &Mutex<&'static str>,
     ) -> Result<UdParam, UdError> {
-        let deadline = Instant::now() + timeout;
         let fail = |step, reason| UdError::Resolve { peer, step, reason };
+        let at = |now: &'static str| *lock(step) = now;
         let id = CmId::new_udp(&self.channel).map_err(|e| UdError::verbs("rdma_create_id", e))?;
         let w = self.register(&id);
         let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
@@ -191,39 +209,49 @@ impl Cm {
         if rc != 0 {
             return Err(verbs("rdma_resolve_addr", rc));
         }
-        self.expect(&w, ev::RDMA_CM_EVENT_ADDR_RESOLVED, deadline)
+        at("resolving the address");
+        self.event(&w, ev::RDMA_CM_EVENT_ADDR_RESOLVED)
+            .await
             .map_err(|r| fail("resolving the address", r))?;
         // SAFETY: live id with a resolved address.
         let rc = unsafe { rdma_sys::rdma_resolve_route(id.as_ptr(), ms) };
         if rc != 0 {
             return Err(verbs("rdma_resolve_route", rc));
         }
-        self.expect(&w, ev::RDMA_CM_EVENT_ROUTE_RESOLVED, deadline)
-            .map_err(|r| fail("resolving the route", r))?;
-        // SAFETY: all-zero is a valid `rdma_conn_param`.
-        let mut p: rdma_conn_param = unsafe { std::mem::zeroed() };
-        p.qp_num = self.qpn;
-        // SAFETY: live id with a resolved route; `p` outlives the call.
-        let rc = unsafe { rdma_sys::rdma_connect(id.as_ptr(), &mut p) };
+        at("resolving the route");
+        self.event(&w, ev::RDMA_CM_EVENT_ROUTE_RESOLVED).await.map_err(|r| fail("resolving the route", r))?;
+        // The parameters (raw pointers, which a task's future must not
+        // hold) end with the call.
+        let rc = {
+            // SAFETY: all-zero is a valid `rdma_conn_param`.
+            let mut p: rdma_conn_param = unsafe { std::mem::zeroed() };
+            p.qp_num = self.qpn;
+            // SAFETY: live id with a resolved route; `p` outlives the call.
+            unsafe { rdma_sys::rdma_connect(id.as_ptr(), &mut p) }
+        };
         if rc != 0 {
             return Err(verbs("rdma_connect", rc));
         }
+        at("asking for its queue pair");
         let got = self
-            .expect(&w, ev::RDMA_CM_EVENT_ESTABLISHED, deadline)
+            .event(&w, ev::RDMA_CM_EVENT_ESTABLISHED)
+            .await
             .map_err(|r| fail("asking for its queue pair", r))?;
         Ok(got.ud)
     }
 
     /// Join `group` from the interface at `local`, with an id of its own
     /// (no QP on it: the caller attaches its QP, or only sends). Returns
-    /// the id, the group's parameters and its failed flag.
-    pub(super) fn join(
+    /// the id, the group's parameters and its failed flag. The address's
+    /// resolution is given `timeout`; a join that rdma_cm never answers is
+    /// bounded by the caller. A join dropped part-way leaves the group
+    /// (destroying the id does).
+    pub(super) async fn join(
         &self,
         local: SocketAddr,
         group: SocketAddr,
         timeout: Duration,
     ) -> Result<(CmId, UdParam, Arc<AtomicBool>), UdError> {
-        let deadline = Instant::now() + timeout;
         let fail = |reason: String| UdError::Join { group: group.ip(), reason };
         let id = CmId::new_udp(&self.channel).map_err(|e| UdError::verbs("rdma_create_id", e))?;
         let w = self.register(&id);
@@ -237,19 +265,22 @@ impl Cm {
         if rc != 0 {
             return Err(verbs("rdma_resolve_addr", rc));
         }
-        self.expect(&w, ev::RDMA_CM_EVENT_ADDR_RESOLVED, deadline).map_err(fail)?;
+        self.event(&w, ev::RDMA_CM_EVENT_ADDR_RESOLVED).await.map_err(fail)?;
         let flag = Arc::new(AtomicBool::new(false));
-        lock(&self.watched).insert(id.as_ptr() as usize, flag.clone());
+        let watched = Watched::new(self, &id, flag.clone());
         // SAFETY: live id with a resolved address; `dst` is valid for the call.
         let rc =
             unsafe { rdma_sys::rdma_join_multicast(id.as_ptr(), dst.as_ptr() as *mut _, ptr::null_mut()) };
         if rc != 0 {
-            lock(&self.watched).remove(&(id.as_ptr() as usize));
             return Err(verbs("rdma_join_multicast", rc));
         }
-        match self.expect(&w, ev::RDMA_CM_EVENT_MULTICAST_JOIN, deadline) {
-            Ok(got) => Ok((id, got.ud, flag)),
+        match self.event(&w, ev::RDMA_CM_EVENT_MULTICAST_JOIN).await {
+            Ok(got) => {
+                watched.keep();
+                Ok((id, got.ud, flag))
+            }
             Err(reason) => {
+                drop(watched);
                 self.leave(&id, group);
                 Err(fail(reason))
             }
@@ -257,6 +288,7 @@ impl Cm {
     }
 
     /// Leave `group` on the id that joined it (the id is destroyed by the caller).
+    /// Not watched any more either.
     pub(super) fn leave(&self, id: &CmId, group: SocketAddr) {
         lock(&self.watched).remove(&(id.as_ptr() as usize));
         let dst = CmId::sockaddr(group);
@@ -265,5 +297,55 @@ impl Cm {
         if rc != 0 {
             tracing::debug!(%group, error = %errno_from_rc(rc), "rdma_leave_multicast failed");
         }
+    }
+}
+
+/// A group's id watched for MULTICAST_ERROR while its join is under way:
+/// unwatched again unless the join is kept.
+struct Watched<'a> {
+    cm: &'a Cm,
+    key: Option<usize>,
+}
+
+impl<'a> Watched<'a> {
+    fn new(cm: &'a Cm, id: &CmId, flag: Arc<AtomicBool>) -> Self {
+        let key = id.as_ptr() as usize;
+        lock(&cm.watched).insert(key, flag);
+        Self { cm, key: Some(key) }
+    }
+
+    fn keep(mut self) {
+        self.key = None;
+    }
+}
+
+impl Drop for Watched<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key {
+            lock(&self.cm.watched).remove(&key);
+        }
+    }
+}
+
+/// Drive `fut` (a resolve or a join) on the calling thread until it is
+/// done or `deadline` passes (`None`). The socket's event thread wakes it.
+pub(super) fn wait_until<T>(fut: impl Future<Output = T>, deadline: Instant) -> Option<T> {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut Context::from_waker(&waker)) {
+            return Some(v);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        std::thread::park_timeout(left);
     }
 }

@@ -342,18 +342,57 @@ impl UdSocket {
     /// As [`send_to`](Self::send_to): [`UdError::Resolve`],
     /// [`UdError::GroupFailed`] and the like.
     pub fn resolve(&self, to: &SocketAddr) -> Result<(), UdError> {
-        if lock(&self.dests).get(&dest_key(to)).is_some() {
+        if self.is_resolved(to) {
             return Ok(());
         }
         self.add_route(to)
     }
 
-    /// Resolve `to` and cache its route.
-    fn add_route(&self, to: &SocketAddr) -> Result<(), UdError> {
-        if to.ip().is_multicast() {
-            return self.membership(to, false);
+    /// [`UdSocket::resolve`] for a task: the same rdma_cm exchange, awaited
+    /// rather than waited for (each of its steps ends at
+    /// [`UdConfig::resolve_timeout`] at the latest, which rdma_cm
+    /// enforces). Dropping it abandons the attempt.
+    ///
+    /// # Errors
+    ///
+    /// As [`UdSocket::resolve`].
+    pub async fn resolve_async(&self, to: &SocketAddr) -> Result<(), UdError> {
+        if self.is_resolved(to) {
+            return Ok(());
         }
-        let p = self.cm.resolve(self.local, *to, self.cfg.resolve_timeout)?;
+        self.route(to, &Mutex::new("resolving")).await
+    }
+
+    /// How long a resolve or a join may take (see [`UdConfig::resolve_timeout`]).
+    pub fn resolve_timeout(&self) -> Duration {
+        self.cfg.resolve_timeout
+    }
+
+    /// Whether a send to `to` goes out without resolving it first.
+    pub fn is_resolved(&self, to: &SocketAddr) -> bool {
+        lock(&self.dests).get(&dest_key(to)).is_some()
+    }
+
+    /// Resolve `to` and cache its route, on the calling thread, by the
+    /// resolve timeout.
+    fn add_route(&self, to: &SocketAddr) -> Result<(), UdError> {
+        let step = Mutex::new("resolving");
+        let deadline = Instant::now() + self.cfg.resolve_timeout;
+        super::cm::wait_until(self.route(to, &step), deadline).unwrap_or_else(|| {
+            let reason = "no answer within the resolve timeout".to_owned();
+            Err(match to.ip() {
+                group if group.is_multicast() => UdError::Join { group, reason },
+                _ => UdError::Resolve { peer: *to, step: *lock(&step), reason },
+            })
+        })
+    }
+
+    /// Resolve `to` and cache its route (`step`: the step under way).
+    async fn route(&self, to: &SocketAddr, step: &Mutex<&'static str>) -> Result<(), UdError> {
+        if to.ip().is_multicast() {
+            return self.membership(to, false).await;
+        }
+        let p = self.cm.resolve(self.local, *to, self.cfg.resolve_timeout, step).await?;
         let ah =
             AddressHandle::new(&self.io.pd, &p.ah_attr).map_err(|e| UdError::verbs("ibv_create_ah", e))?;
         tracing::debug!(peer = %to, qpn = p.qpn, "ud peer resolved");

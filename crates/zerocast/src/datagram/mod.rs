@@ -321,6 +321,41 @@ impl DatagramSocket {
         }
     }
 
+    /// [`DatagramSocket::resolve`] for a task: over RDMA UD the rdma_cm
+    /// exchange is awaited, by the resolve timeout on the whole.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn resolve_async(&self, to: &SocketAddr) -> Result<(), DatagramError> {
+        match &self.flavor {
+            Flavor::Udp(_) => Ok(()),
+            #[cfg(feature = "rdma")]
+            Flavor::Ud(s) if s.is_resolved(to) => Ok(()),
+            #[cfg(feature = "rdma")]
+            Flavor::Ud(s) => bounded(s, s.resolve_async(to), || zerocast_rdma::ud::UdError::Resolve {
+                peer: *to,
+                step: "resolving",
+                reason: "no answer within the resolve timeout".into(),
+            })
+            .await
+            .map_err(Into::into),
+        }
+    }
+
+    /// [`DatagramSocket::join`] for a task: over RDMA UD the rdma_cm join
+    /// is awaited, by the resolve timeout on the whole.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn join_async(&self, group: &SocketAddr) -> Result<(), DatagramError> {
+        match &self.flavor {
+            Flavor::Udp(s) => s.join(group).map_err(Into::into),
+            #[cfg(feature = "rdma")]
+            Flavor::Ud(s) => bounded(s, s.join_async(group), || zerocast_rdma::ud::UdError::Join {
+                group: group.ip(),
+                reason: "no answer within the resolve timeout".into(),
+            })
+            .await
+            .map_err(Into::into),
+        }
+    }
+
     /// After [`DatagramSocket::try_recv_armed`] found another thread
     /// receiving (`Timeout`): have `waker` woken when that receive is
     /// over. `false` if it is over already (try again now).
@@ -549,3 +584,14 @@ enum BindUd {
     Fail(DatagramError),
 }
 use BindUd::{Fail, Skip};
+
+/// `fut`, an rdma_cm exchange of `s`, by `s`'s resolve timeout on the whole
+/// (`late`: the error at its end).
+#[cfg(all(feature = "tokio", feature = "rdma"))]
+async fn bounded(
+    s: &zerocast_rdma::ud::UdSocket,
+    fut: impl std::future::Future<Output = Result<(), zerocast_rdma::ud::UdError>>,
+    late: impl FnOnce() -> zerocast_rdma::ud::UdError,
+) -> Result<(), zerocast_rdma::ud::UdError> {
+    ::tokio::time::timeout(s.resolve_timeout(), fut).await.unwrap_or_else(|_| Err(late()))
+}

@@ -29,9 +29,10 @@ use crate::datagram::{
 /// A datagram socket for tasks. Receives wait on the engine; sends are
 /// handed to the OS or the device at once, as with the blocking socket.
 ///
-/// Over RDMA UD, the first send to a new destination and a group's join
-/// resolve through rdma_cm on the calling task (a round trip on the
-/// fabric); do them once, up front.
+/// Over RDMA UD, a destination is resolved through rdma_cm the first time
+/// it is sent to, and a group joined through it: a round trip on the
+/// fabric, which the task awaits, with no thread waiting
+/// ([`DatagramSocket::resolve`], [`DatagramSocket::join`]).
 pub struct DatagramSocket {
     sock: crate::DatagramSocket,
     watch: Arc<FdWatch>,
@@ -130,14 +131,35 @@ impl DatagramSocket {
 
     /// Send `buf` as one datagram to `to`, a peer or a group; the buffer
     /// comes back on error. Success means handed to the OS or the device.
-    pub fn send_to(&self, buf: Buf, to: &SocketAddr) -> Result<(), (Buf, DatagramError)> {
+    /// A destination sent to for the first time is resolved first (see
+    /// [`DatagramSocket::resolve`]); the send itself does not wait.
+    /// Cancel-safe: dropped before it returns, it sent nothing (and `buf`
+    /// goes back to the pool).
+    pub async fn send_to(&self, buf: Buf, to: &SocketAddr) -> Result<(), (Buf, DatagramError)> {
+        if let Err(e) = self.sock.resolve_async(to).await {
+            return Err((buf, e));
+        }
         self.sock.send_to(buf, to)
     }
 
     /// Send the datagrams of `batch` in order (see
-    /// [`crate::DatagramSocket::send_batch`]).
-    pub fn send_batch(&self, batch: &mut Vec<(Buf, SocketAddr)>) -> Result<(), DatagramError> {
+    /// [`crate::DatagramSocket::send_batch`]), its new destinations
+    /// resolved first. Cancel-safe: dropped before it returns, it sent
+    /// nothing, and `batch` is as it was.
+    pub async fn send_batch(&self, batch: &mut Vec<(Buf, SocketAddr)>) -> Result<(), DatagramError> {
+        for (_, to) in batch.iter() {
+            self.sock.resolve_async(to).await?;
+        }
         self.sock.send_batch(batch)
+    }
+
+    /// Resolve `to` (a peer, or a group to send to) now. Over RDMA UD this
+    /// is an rdma_cm exchange, awaited with no thread waiting and bounded
+    /// by the resolve timeout ([`crate::UdConfig::resolve_timeout`]); over
+    /// UDP there is nothing to do. Sends resolve their destinations
+    /// themselves; this only moves the wait. Cancel-safe.
+    pub async fn resolve(&self, to: &SocketAddr) -> Result<(), DatagramError> {
+        self.sock.resolve_async(to).await
     }
 
     /// Receive one datagram and its source. Cancel-safe: a datagram is
@@ -164,9 +186,13 @@ impl DatagramSocket {
         self.sock.try_recv_from()
     }
 
-    /// Join a multicast group (over RDMA UD, an rdma_cm join: a round trip).
-    pub fn join(&self, group: &SocketAddr) -> Result<(), DatagramError> {
-        self.sock.join(group)
+    /// Join a multicast group. Over RDMA UD this is an rdma_cm join, a
+    /// round trip awaited with no thread waiting and bounded by the resolve
+    /// timeout. Cancel-safe: dropped part-way, the socket is not a member
+    /// (a join that completed meanwhile is left again, or kept if another
+    /// join of the group finished).
+    pub async fn join(&self, group: &SocketAddr) -> Result<(), DatagramError> {
+        self.sock.join_async(group).await
     }
 
     /// Leave a multicast group.
@@ -225,8 +251,11 @@ impl<T, C> fmt::Debug for DatagramSender<T, C> {
 
 impl<T: Serialize, C: Codec> DatagramSender<T, C> {
     /// Encode `msg` and send it to `to`, waiting only while the pool is at
-    /// its cap. Cancel-safe: nothing is sent unless it returns `Ok`.
+    /// its cap, and, the first time `to` is sent to, while it is resolved
+    /// (see [`DatagramSocket::resolve`]). Cancel-safe: nothing is sent
+    /// unless it returns `Ok`.
     pub async fn send_to(&self, msg: &T, to: &SocketAddr) -> Result<(), DatagramSendError> {
+        self.inner.socket().resolve_async(to).await.map_err(DatagramSendError::Send)?;
         poll_fn(|cx| match self.inner.send_to_or_wake(msg, to, cx.waker()) {
             Err(DatagramSendError::Pool(PoolError::Exhausted { .. })) => Poll::Pending,
             r => Poll::Ready(r),

@@ -4,6 +4,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::super::io::lock;
 use super::super::UdError;
@@ -21,15 +22,29 @@ impl UdSocket {
     /// device's `max_mcast_grp`, [`UdError::Join`] when rdma_cm or the
     /// attach refuses.
     pub fn join(&self, group: &SocketAddr) -> Result<(), UdError> {
-        self.membership(group, true)
+        let deadline = Instant::now() + self.cfg.resolve_timeout;
+        super::super::cm::wait_until(self.membership(group, true), deadline).unwrap_or_else(|| {
+            Err(UdError::Join { group: group.ip(), reason: "no answer within the resolve timeout".into() })
+        })
     }
 
-    /// Join (`attach`: receive too) or make a send-only route to `group`.
-    pub(super) fn membership(&self, group: &SocketAddr, attach: bool) -> Result<(), UdError> {
-        let ip = group.ip();
-        if !ip.is_multicast() {
-            return Err(UdError::NotMulticast(ip));
-        }
+    /// [`UdSocket::join`] for a task: the same rdma_cm exchange, awaited
+    /// rather than waited for. rdma_cm bounds the address's resolution by
+    /// [`super::super::UdConfig::resolve_timeout`]; bound the whole with
+    /// a timer of the caller's. Dropping it abandons the join (a join
+    /// that completed meanwhile is left again).
+    ///
+    /// # Errors
+    ///
+    /// As [`UdSocket::join`].
+    pub async fn join_async(&self, group: &SocketAddr) -> Result<(), UdError> {
+        self.membership(group, true).await
+    }
+
+    /// Under the groups' lock: whether `ip` is a member already (attached
+    /// now if `attach` asks), else make room for it: a failed membership
+    /// is dropped, and a join past the device's limit refused.
+    fn member_already(&self, ip: IpAddr, attach: bool) -> Result<bool, UdError> {
         let mut groups = lock(&self.groups);
         if let Some(g) = groups.get_mut(&ip) {
             if !g.failed.load(Relaxed) {
@@ -40,7 +55,7 @@ impl UdSocket {
                         .map_err(|e| UdError::Join { group: ip, reason: format!("ibv_attach_mcast: {e}") })?;
                     g.attached = true;
                 }
-                return Ok(());
+                return Ok(true);
             }
             let old = groups.remove(&ip).expect("present");
             self.drop_group(old);
@@ -49,21 +64,48 @@ impl UdSocket {
         if attach && attached >= self.max_groups as usize {
             return Err(UdError::TooManyGroups { joined: attached, max: self.max_groups });
         }
+        Ok(false)
+    }
+
+    /// Join (`attach`: receive too) or make a send-only route to `group`.
+    /// No lock is held while rdma_cm answers: a join of the same group
+    /// that finished meanwhile is kept, and ours left.
+    pub(super) async fn membership(&self, group: &SocketAddr, attach: bool) -> Result<(), UdError> {
+        let ip = group.ip();
+        if !ip.is_multicast() {
+            return Err(UdError::NotMulticast(ip));
+        }
+        if self.member_already(ip, attach)? {
+            return Ok(());
+        }
         let addr = SocketAddr::new(ip, group.port());
-        let (id, p, failed) = self.cm.join(self.local, addr, self.cfg.resolve_timeout)?;
+        let (id, p, failed) = self.cm.join(self.local, addr, self.cfg.resolve_timeout).await?;
+        let left = |e: UdError| {
+            self.cm.leave(&id, addr);
+            Err(e)
+        };
+        let mut groups = lock(&self.groups);
+        if groups.get(&ip).is_some_and(|g| !g.failed.load(Relaxed)) {
+            drop(groups);
+            self.cm.leave(&id, addr);
+            return self.member_already(ip, attach).map(drop);
+        }
+        if let Some(old) = groups.remove(&ip) {
+            self.drop_group(old);
+        }
+        let attached = groups.values().filter(|g| g.attached).count();
+        if attach && attached >= self.max_groups as usize {
+            return left(UdError::TooManyGroups { joined: attached, max: self.max_groups });
+        }
         let mgid = p.ah_attr.grh.dgid;
         let mlid = p.ah_attr.dlid;
         let ah = match AddressHandle::new(&self.io.pd, &p.ah_attr) {
             Ok(ah) => ah,
-            Err(e) => {
-                self.cm.leave(&id, addr);
-                return Err(UdError::Join { group: ip, reason: format!("ibv_create_ah: {e}") });
-            }
+            Err(e) => return left(UdError::Join { group: ip, reason: format!("ibv_create_ah: {e}") }),
         };
         if attach {
             if let Err(e) = self.io.qp.attach_mcast(&mgid, mlid) {
-                self.cm.leave(&id, addr);
-                return Err(UdError::Join { group: ip, reason: format!("ibv_attach_mcast: {e}") });
+                return left(UdError::Join { group: ip, reason: format!("ibv_attach_mcast: {e}") });
             }
         }
         lock(&self.dests).insert(

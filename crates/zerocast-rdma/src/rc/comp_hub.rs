@@ -27,10 +27,18 @@
 //! reports the channel readable, and the dispatch there raises each CQ's
 //! [`SourceSignal`], which wakes the receiving task, which polls its CQ.
 //! No engine task runs between a completion and the task that uses it.
+//!
+//! A reader of the channel takes events until none can be left: until
+//! every CQ armed on it has had its event taken (the hub counts them), or
+//! the channel is empty. An event stranded behind an edge the watcher
+//! already spent could only be one of an armed CQ; an event of a CQ armed
+//! after the count was read comes after that edge, and raises a new one.
+//! So the usual wake (one connection, one event) costs one read, not a
+//! second one that finds the channel empty.
 
 use std::io;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use zerocast_link::engine::{Cx, Engine, Interest, Step, Task, Waker};
@@ -108,7 +116,7 @@ impl CompHub {
     pub(crate) fn start(ctx: &Arc<Context>, engine: &Engine, index: usize) -> io::Result<Arc<Self>> {
         let channel = CompChannel::new(ctx)?;
         let hub = Arc::new(Self {
-            shared: Arc::new(ChannelSource(channel.clone())),
+            shared: Arc::new(ChannelSource { channel: channel.clone(), armed: AtomicUsize::new(0) }),
             channel,
             engine: index,
             waker: OnceLock::new(),
@@ -153,16 +161,22 @@ impl CompHub {
 }
 
 /// An engine's completion channel as a [`SharedSource`].
-struct ChannelSource(Arc<CompChannel>);
+struct ChannelSource {
+    channel: Arc<CompChannel>,
+    /// CQs on the channel armed and whose event was not taken yet.
+    armed: AtomicUsize,
+}
 
 impl std::os::fd::AsFd for ChannelSource {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.0.fd()
+        self.channel.fd()
     }
 }
 
 impl SharedSource for ChannelSource {
-    /// Take every pending event and hand each to its CQ's `Notify`.
+    /// Take every pending event and hand each to its CQ's `Notify`: until
+    /// no armed CQ is left without its event, or none is pending (see the
+    /// module docs).
     fn dispatch(&self) {
         let fire = |ctx: *mut std::os::raw::c_void| {
             // SAFETY: every CQ on this channel was made by `CompHub::cq`
@@ -172,7 +186,7 @@ impl SharedSource for ChannelSource {
             let notify = unsafe { &*(ctx as *const Notify) };
             notify.fire();
         };
-        while self.0.take_event(fire).is_some() {}
+        while self.channel.take_event(fire).is_some() && self.armed.load(Ordering::SeqCst) > 0 {}
     }
 }
 
@@ -201,8 +215,11 @@ impl Notify {
 
     /// Ask for an event at the next completion of `cq` (this `Notify`'s).
     pub(crate) fn arm(&self, cq: &CompletionQueue) {
-        // Marked first: the event this arming brings clears the mark after.
-        self.armed.store(true, Ordering::SeqCst);
+        // Marked (and counted) first: the event this arming brings clears
+        // the mark after.
+        if !self.armed.swap(true, Ordering::SeqCst) {
+            self.count_armed(true);
+        }
         if let Err(e) = cq.arm() {
             tracing::debug!(error = %e, "ibv_req_notify_cq failed");
         }
@@ -267,7 +284,9 @@ impl Notify {
 
     /// An event came (the channel's reader).
     fn fire(&self) {
-        self.armed.store(false, Ordering::SeqCst);
+        if self.armed.swap(false, Ordering::SeqCst) {
+            self.count_armed(false);
+        }
         self.fired.store(true, Ordering::SeqCst);
         if let Some(signal) = self.signal.get() {
             signal.raise();
@@ -281,9 +300,26 @@ impl Notify {
     }
 }
 
+impl Notify {
+    /// This CQ is armed (`true`) or its event was taken, in the hub's count.
+    fn count_armed(&self, armed: bool) {
+        if let Some(hub) = &self.hub {
+            match armed {
+                true => hub.shared.armed.fetch_add(1, Ordering::SeqCst),
+                false => hub.shared.armed.fetch_sub(1, Ordering::SeqCst),
+            };
+        }
+    }
+}
+
 impl Drop for Notify {
     fn drop(&mut self) {
-        // After the CQ was destroyed: the reader may end if it was the last.
+        // After the CQ was destroyed, with any event of it that was not
+        // taken: it is no longer armed.
+        if *self.armed.get_mut() {
+            self.count_armed(false);
+        }
+        // The reader may end if it was the last.
         if let Some(hub) = self.hub.take() {
             hub.watch.listening(*self.listening.get_mut(), false);
             hub.watch.sleeping(self.sleeper.get_mut().is_ok_and(|s| s.is_some()), false);

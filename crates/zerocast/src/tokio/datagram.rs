@@ -155,7 +155,7 @@ impl DatagramSocket {
 
     /// Resolve `to` (a peer, or a group to send to) now. Over RDMA UD this
     /// is an rdma_cm exchange, awaited with no thread waiting and bounded
-    /// by the resolve timeout ([`crate::UdConfig::resolve_timeout`]); over
+    /// by the resolve timeout (`UdConfig::resolve_timeout`); over
     /// UDP there is nothing to do. Sends resolve their destinations
     /// themselves; this only moves the wait. Cancel-safe.
     pub async fn resolve(&self, to: &SocketAddr) -> Result<(), DatagramError> {

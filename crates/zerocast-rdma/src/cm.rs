@@ -421,3 +421,30 @@ impl fmt::Debug for CmId {
         f.debug_struct("CmId").field("channel", &self.channel).finish_non_exhaustive()
     }
 }
+
+/// Drive `fut` (a UD resolve or join, an RC connect) on the calling
+/// thread until it is done or `deadline` passes (`None`); whoever completes
+/// it (an event thread, an engine) wakes the thread.
+pub(crate) fn wait_until<T>(
+    fut: impl std::future::Future<Output = T>,
+    deadline: std::time::Instant,
+) -> Option<T> {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut std::task::Context::from_waker(&waker)) {
+            return Some(v);
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        std::thread::park_timeout(left);
+    }
+}

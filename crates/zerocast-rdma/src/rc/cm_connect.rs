@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_sys::rdma_cm_event_type as ev;
-use zerocast_core::{ConnectError, Endpoint, LinkConfig};
+use zerocast_core::{ConnectError, Endpoint, LinkConfig, Scheme};
 use zerocast_link::engine::{Cx, Interest, Step, Task};
 use zerocast_link::{Complete, Completion};
 
@@ -37,6 +37,30 @@ pub(super) fn start(
     let task = Resolve { id: Some(id), ch, t: t.clone(), ep: ep.clone(), link, deadline, done: Some(done) };
     t.inner.engines.pick().register(Box::new(task));
     Ok(result)
+}
+
+impl RcTransport {
+    /// Connect without waiting: the handshake runs as engine tasks, by
+    /// [`RcConfig::connect_timeout`](super::RcConfig::connect_timeout) on the whole of it, and the returned
+    /// future yields the connection. Dropping it abandons the attempt. On
+    /// `rc://` the tasks resolve the address and the route, send the
+    /// connect request and wait for its answer; on `rc+oob://` they connect
+    /// the side channel and exchange the records (see
+    /// [`RcTransport::connect_nonblocking_to`]; here `ep`'s host, unless it
+    /// is an address, is looked up on the calling thread).
+    pub fn connect_nonblocking(
+        &self,
+        ep: &Endpoint,
+    ) -> Result<zerocast_link::Completion<Result<RcConnection, ConnectError>>, ConnectError> {
+        match ep.scheme() {
+            Scheme::Rc => start(self, ep, self.link_config(ep)?),
+            Scheme::RcOob => self.connect_nonblocking_to(ep, super::resolve(ep)?),
+            other => Err(ConnectError::Unavailable {
+                scheme: other,
+                reason: "the RC transport connects rc:// and rc+oob://".into(),
+            }),
+        }
+    }
 }
 
 /// Resolving the address, then the route, on the id's own channel.

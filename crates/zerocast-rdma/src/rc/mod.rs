@@ -709,48 +709,6 @@ impl zerocast_core::Transport for RcTransport {
     }
 }
 
-impl RcTransport {
-    /// Connect without waiting: the handshake runs as engine tasks, by
-    /// [`RcConfig::connect_timeout`] on the whole of it, and the returned
-    /// future yields the connection. Dropping it abandons the attempt. On
-    /// `rc://` the tasks resolve the address and the route, send the
-    /// connect request and wait for its answer; on `rc+oob://` they connect
-    /// the side channel and exchange the records (see
-    /// [`RcTransport::connect_nonblocking_to`]; here `ep`'s host, unless it
-    /// is an address, is looked up on the calling thread).
-    pub fn connect_nonblocking(
-        &self,
-        ep: &Endpoint,
-    ) -> Result<zerocast_link::Completion<Result<RcConnection, ConnectError>>, ConnectError> {
-        match ep.scheme() {
-            Scheme::Rc => cm_connect::start(self, ep, self.link_config(ep)?),
-            Scheme::RcOob => self.connect_nonblocking_to(ep, resolve(ep)?),
-            other => Err(ConnectError::Unavailable {
-                scheme: other,
-                reason: "the RC transport connects rc:// and rc+oob://".into(),
-            }),
-        }
-    }
-
-    /// [`RcTransport::connect_nonblocking`] to an `rc+oob://` endpoint
-    /// whose side channel is at `addr` (`ep`'s host, looked up by the
-    /// caller): the TCP connect, our record out, the listener's in, RTR and
-    /// RTS, then the ready bytes, all as one engine task.
-    pub fn connect_nonblocking_to(
-        &self,
-        ep: &Endpoint,
-        addr: std::net::SocketAddr,
-    ) -> Result<zerocast_link::Completion<Result<RcConnection, ConnectError>>, ConnectError> {
-        if ep.scheme() != Scheme::RcOob {
-            return Err(ConnectError::Unavailable {
-                scheme: ep.scheme(),
-                reason: "a side-channel address is for rc+oob:// only".into(),
-            });
-        }
-        oob_connect::start(self, ep, addr, self.link_config(ep)?)
-    }
-}
-
 /// Resolve an endpoint's host and port to one socket address.
 fn resolve(ep: &Endpoint) -> Result<std::net::SocketAddr, ConnectError> {
     use std::net::ToSocketAddrs;

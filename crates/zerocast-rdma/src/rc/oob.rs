@@ -270,6 +270,20 @@ pub(super) fn refusal() -> [u8; INFO_LEN] {
     no
 }
 
+/// The result of one read or write of a non-blocking side channel (either
+/// side's handshake task): how many bytes, or `None` when the socket would
+/// block.
+pub(super) fn nonblocking(mut op: impl FnMut() -> std::io::Result<usize>) -> std::io::Result<Option<usize>> {
+    loop {
+        match op() {
+            Ok(n) => return Ok(Some(n)),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// The side channel plays rdma_cm's DISCONNECTED once the connection is
 /// up: each side shuts it down when its QP is closed, and the peer closes
 /// its own on seeing that (see [`Watch`]).

@@ -12,11 +12,11 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
-use zerocast_core::{ConnError, ConnectError, Endpoint, HandshakeError, LinkConfig};
+use zerocast_core::{ConnError, ConnectError, Endpoint, HandshakeError, LinkConfig, Scheme};
 use zerocast_link::engine::{Cx, Interest, Step, Task};
 use zerocast_link::{Complete, Completion};
 
-use super::oob::{is_refusal, watch, OobInfo, Ours, INFO_LEN};
+use super::oob::{is_refusal, nonblocking, watch, OobInfo, Ours, INFO_LEN};
 use super::{no_room, transport_err, RcConnection, RcTransport};
 
 /// What the caller awaits.
@@ -51,6 +51,26 @@ pub(super) fn start(
     };
     engine.register(Box::new(task));
     Ok(result)
+}
+
+impl RcTransport {
+    /// [`RcTransport::connect_nonblocking`] to an `rc+oob://` endpoint
+    /// whose side channel is at `addr` (`ep`'s host, looked up by the
+    /// caller): the TCP connect, our record out, the listener's in, RTR and
+    /// RTS, then the ready bytes, all as one engine task.
+    pub fn connect_nonblocking_to(
+        &self,
+        ep: &Endpoint,
+        addr: std::net::SocketAddr,
+    ) -> Result<zerocast_link::Completion<Result<RcConnection, ConnectError>>, ConnectError> {
+        if ep.scheme() != Scheme::RcOob {
+            return Err(ConnectError::Unavailable {
+                scheme: ep.scheme(),
+                reason: "a side-channel address is for rc+oob:// only".into(),
+            });
+        }
+        start(self, ep, addr, self.link_config(ep)?)
+    }
 }
 
 /// A non-blocking socket whose connect to `addr` is under way.
@@ -106,19 +126,6 @@ enum Next {
     Wait { write: bool },
     /// Handshaken: the listener's record.
     Up(OobInfo),
-}
-
-/// The result of one non-blocking read or write: how many bytes, or
-/// `None` when the socket would block.
-fn nonblocking(mut op: impl FnMut() -> std::io::Result<usize>) -> std::io::Result<Option<usize>> {
-    loop {
-        match op() {
-            Ok(n) => return Ok(Some(n)),
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
 }
 
 impl Connecting {

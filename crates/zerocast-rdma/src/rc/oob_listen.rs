@@ -19,7 +19,7 @@ use zerocast_core::{ConnError, ConnectError, Endpoint, HandshakeError, LinkConfi
 use zerocast_link::engine::{Cx, Interest, Step, Task};
 
 use super::listen::{AcceptTask, Intake, RcListener, Shared, Taken};
-use super::oob::{is_refusal, refusal, watch, OobInfo, Ours, INFO_LEN};
+use super::oob::{is_refusal, nonblocking, refusal, watch, OobInfo, Ours, INFO_LEN};
 use super::srq::SharedRecv;
 use super::{resolve, transport_err, RcTransport};
 
@@ -183,18 +183,14 @@ impl Handshake {
                 }
                 Stage::Ready { ours, theirs } => {
                     let mut r = [0u8; 1];
-                    match (&*self.sock).read(&mut r) {
-                        Ok(0) => return Err(self.io_err(ErrorKind::UnexpectedEof.into())),
-                        Ok(_) if r == *b"R" => return self.up(*ours, theirs),
-                        Ok(_) => return Err(self.handshake_err(HandshakeError::NotHello)),
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    match nonblocking(|| (&*self.sock).read(&mut r)).map_err(|e| self.io_err(e))? {
+                        Some(0) => return Err(self.io_err(ErrorKind::UnexpectedEof.into())),
+                        Some(_) if r == *b"R" => return self.up(*ours, theirs),
+                        Some(_) => return Err(self.handshake_err(HandshakeError::NotHello)),
+                        None => {
                             self.stage = Stage::Ready { ours, theirs };
                             return Ok(Next::Wait { write: false });
                         }
-                        Err(e) if e.kind() == ErrorKind::Interrupted => {
-                            self.stage = Stage::Ready { ours, theirs }
-                        }
-                        Err(e) => return Err(self.io_err(e)),
                     }
                 }
             }
@@ -204,12 +200,11 @@ impl Handshake {
     /// Read what has come of the peer's record; `true` once it is whole.
     fn read_record(&mut self) -> Result<bool, ConnectError> {
         while self.got < INFO_LEN {
-            match (&*self.sock).read(&mut self.record[self.got..]) {
-                Ok(0) => return Err(self.io_err(ErrorKind::UnexpectedEof.into())),
-                Ok(n) => self.got += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.io_err(e)),
+            let read = nonblocking(|| (&*self.sock).read(&mut self.record[self.got..]));
+            match read.map_err(|e| self.io_err(e))? {
+                Some(0) => return Err(self.io_err(ErrorKind::UnexpectedEof.into())),
+                Some(n) => self.got += n,
+                None => return Ok(false),
             }
         }
         Ok(true)
@@ -243,14 +238,8 @@ impl Handshake {
 
     /// Write what the socket takes of the answer from `from`.
     fn write_some(&self, from: usize) -> Result<usize, ConnectError> {
-        loop {
-            match (&*self.sock).write(&self.answer[from..]) {
-                Ok(n) => return Ok(n),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(0),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.io_err(e)),
-            }
-        }
+        let wrote = nonblocking(|| (&*self.sock).write(&self.answer[from..]));
+        Ok(wrote.map_err(|e| self.io_err(e))?.unwrap_or(0))
     }
 
     /// Both QPs can receive: the connection, and its watch in our place.

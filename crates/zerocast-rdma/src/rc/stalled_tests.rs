@@ -204,25 +204,6 @@ fn stalled_and_junk_side_channel_peers_do_not_delay_good_clients() {
     drop(stalled);
 }
 
-/// Drive `fut` on this thread until it is ready (the engines run on their
-/// own threads; their wake unparks this one).
-fn block_on<F: std::future::Future>(fut: F) -> F::Output {
-    struct Unpark(thread::Thread);
-    impl std::task::Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = std::task::Waker::from(Arc::new(Unpark(thread::current())));
-    let mut fut = std::pin::pin!(fut);
-    loop {
-        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut std::task::Context::from_waker(&waker)) {
-            return v;
-        }
-        thread::park();
-    }
-}
-
 fn threads() -> usize {
     std::fs::read_dir("/proc/self/task").expect("/proc/self/task").count()
 }
@@ -267,7 +248,9 @@ fn a_nonblocking_side_channel_connect_to_a_stalled_or_junk_listener_fails_by_its
     pending.push(first);
     let (mut timed_out, mut refused) = (0, 0);
     for c in pending {
-        match block_on(c).expect("the engine ended the attempt") {
+        let ended =
+            crate::cm::wait_until(c, Instant::now() + DEADLINE * 10).expect("the attempt ended in time");
+        match ended.expect("the engine ended the attempt") {
             Ok(_) => panic!("connected to a listener that never answered"),
             Err(e) if e.kind() == zerocast_core::ErrorKind::Timeout => timed_out += 1,
             Err(e) => {

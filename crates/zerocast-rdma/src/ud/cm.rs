@@ -13,16 +13,15 @@
 //! A resolve and a join are futures over those events: a task awaits them
 //! (each step's own rdma_cm timeout ends it with an error event, and the
 //! caller's timer bounds the whole), and a blocking caller drives the same
-//! future on its thread until the resolve timeout ([`wait_until`]).
+//! future on its thread until the resolve timeout ([`crate::cm::wait_until`]).
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
-use std::time::{Duration, Instant};
+use std::task::{Poll, Waker};
+use std::time::Duration;
 
 use rdma_sys::{rdma_cm_event_type as ev, rdma_conn_param};
 
@@ -324,28 +323,5 @@ impl Drop for Watched<'_> {
         if let Some(key) = self.key {
             lock(&self.cm.watched).remove(&key);
         }
-    }
-}
-
-/// Drive `fut` (a resolve or a join) on the calling thread until it is
-/// done or `deadline` passes (`None`). The socket's event thread wakes it.
-pub(super) fn wait_until<T>(fut: impl Future<Output = T>, deadline: Instant) -> Option<T> {
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut fut = std::pin::pin!(fut);
-    loop {
-        if let Poll::Ready(v) = fut.as_mut().poll(&mut Context::from_waker(&waker)) {
-            return Some(v);
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return None;
-        }
-        std::thread::park_timeout(left);
     }
 }

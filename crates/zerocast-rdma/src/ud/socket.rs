@@ -378,7 +378,7 @@ impl UdSocket {
     fn add_route(&self, to: &SocketAddr) -> Result<(), UdError> {
         let step = Mutex::new("resolving");
         let deadline = Instant::now() + self.cfg.resolve_timeout;
-        super::cm::wait_until(self.route(to, &step), deadline).unwrap_or_else(|| {
+        crate::cm::wait_until(self.route(to, &step), deadline).unwrap_or_else(|| {
             let reason = "no answer within the resolve timeout".to_owned();
             Err(match to.ip() {
                 group if group.is_multicast() => UdError::Join { group, reason },

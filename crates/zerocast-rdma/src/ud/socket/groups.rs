@@ -23,7 +23,7 @@ impl UdSocket {
     /// attach refuses.
     pub fn join(&self, group: &SocketAddr) -> Result<(), UdError> {
         let deadline = Instant::now() + self.cfg.resolve_timeout;
-        super::super::cm::wait_until(self.membership(group, true), deadline).unwrap_or_else(|| {
+        crate::cm::wait_until(self.membership(group, true), deadline).unwrap_or_else(|| {
             Err(UdError::Join { group: group.ip(), reason: "no answer within the resolve timeout".into() })
         })
     }

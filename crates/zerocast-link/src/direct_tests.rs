@@ -15,11 +15,16 @@ use zerocast_mem::{Pool, Wait};
 
 use crate::{Driver, Link, Notify, Pumped, Source};
 
+/// A scripted pump: data frames numbered in order, and whether the
+/// source then asks to be read again before it announces anything
+/// ([`Driver::read_again`], as an RDMA source that left its CQ unarmed).
+type Batch = (std::ops::Range<u32>, bool);
+
 /// A test double for a backend's read path: each pump hands the driver
 /// the next scripted batch of data frames, numbered in order.
 struct Scripted {
     pool: Pool,
-    batches: Arc<Mutex<VecDeque<std::ops::Range<u32>>>>,
+    batches: Arc<Mutex<VecDeque<Batch>>>,
     pumps: Arc<AtomicUsize>,
     hints: Arc<AtomicUsize>,
 }
@@ -27,7 +32,10 @@ struct Scripted {
 impl Source for Scripted {
     fn pump(&mut self, driver: &Driver, _until: Option<Instant>) -> Pumped {
         self.pumps.fetch_add(1, Ordering::SeqCst);
-        let Some(batch) = self.batches.lock().unwrap().pop_front() else { return Pumped::Idle };
+        let Some((batch, again)) = self.batches.lock().unwrap().pop_front() else { return Pumped::Idle };
+        if again {
+            driver.read_again();
+        }
         for seq in batch {
             let mut buf = self.pool.alloc(4, Wait::No).unwrap();
             buf.copy_from_slice(&seq.to_le_bytes());
@@ -53,7 +61,7 @@ impl Notify for Count {
 struct Fixture {
     link: Link,
     driver: Driver,
-    batches: Arc<Mutex<VecDeque<std::ops::Range<u32>>>>,
+    batches: Arc<Mutex<VecDeque<Batch>>>,
     pumps: Arc<AtomicUsize>,
     hints: Arc<AtomicUsize>,
     notified: Arc<Count>,
@@ -85,7 +93,12 @@ impl Fixture {
     }
 
     fn script(&self, batch: std::ops::Range<u32>) {
-        self.batches.lock().unwrap().push_back(batch);
+        self.batches.lock().unwrap().push_back((batch, false));
+    }
+
+    /// A batch after which the source asks to be read again.
+    fn script_again(&self, batch: std::ops::Range<u32>) {
+        self.batches.lock().unwrap().push_back((batch, true));
     }
 
     fn seq(&self) -> u32 {
@@ -131,6 +144,27 @@ fn the_source_is_pumped_only_after_its_descriptor_was_seen_readable() {
     assert_eq!((f.pumps(), f.hints.load(Ordering::SeqCst)), (2, 2), "one pump per readiness, told so");
     assert!(matches!(f.link.try_recv(), Err(RecvError::Empty)));
     assert_eq!(f.pumps(), 2);
+}
+
+#[test]
+fn a_source_that_asks_to_be_read_again_is_pumped_until_it_is_ready_to_announce() {
+    let f = Fixture::direct();
+    // Frames with no message (credit, say) from a source left unarmed:
+    // the look pumps once more, which finds nothing and leaves it armed.
+    f.script_again(0..0);
+    assert!(matches!(f.link.try_recv(), Err(RecvError::Empty)));
+    assert_eq!(f.pumps(), 2, "a look that found no message after such frames pumps again");
+    // A message from a source left unarmed: handed over, and the next look
+    // pumps with no readiness, for the source announces nothing meanwhile.
+    f.link.source_readable();
+    f.script_again(0..1);
+    assert_eq!(f.seq(), 0);
+    assert_eq!(f.pumps(), 3);
+    f.script(1..2);
+    assert_eq!(f.seq(), 1, "the next look read the source with no readiness reported");
+    assert_eq!(f.pumps(), 4);
+    assert!(matches!(f.link.try_recv(), Err(RecvError::Empty)));
+    assert_eq!(f.pumps(), 4, "a source left ready waits for its readiness again");
 }
 
 #[test]

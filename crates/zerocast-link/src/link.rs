@@ -419,18 +419,28 @@ impl Link {
     }
 
     /// Pump the source for a registration that reads directly: the first
-    /// message it hands over, or the queue's first after it.
+    /// message it hands over, or the queue's first after it. `None` leaves
+    /// the source ready to announce its next news: frames with no message
+    /// in them (credit, completions of sends) from a source that asked to
+    /// be read again ([`crate::Driver::read_again`]) are followed by
+    /// another pump, which makes it ready.
     fn pump_directly(&self) -> Option<Delivery> {
         self.shared.claim();
-        match self.pump_handing_over(None) {
-            OwnPump::HandedOver(d) => Some(d),
-            OwnPump::Pumped(Some(Pumped::Frames | Pumped::Done)) => self.shared.delivered.try_pop(),
-            OwnPump::Pumped(Some(Pumped::Idle)) => None,
-            // Another thread pumps (the engine at its timer): the hint
-            // stays for the next look, and its deliveries are reported.
-            OwnPump::Pumped(None) => {
-                self.shared.source_hint.store(true, Ordering::Release);
-                None
+        loop {
+            match self.pump_handing_over(None) {
+                OwnPump::HandedOver(d) => return Some(d),
+                OwnPump::Pumped(Some(Pumped::Frames | Pumped::Done)) => match self.shared.delivered.try_pop()
+                {
+                    None if self.shared.source_hint.load(Ordering::Acquire) => continue,
+                    d => return d,
+                },
+                OwnPump::Pumped(Some(Pumped::Idle)) => return None,
+                // Another thread pumps (the engine at its timer): the hint
+                // stays for the next look, and its deliveries are reported.
+                OwnPump::Pumped(None) => {
+                    self.shared.source_hint.store(true, Ordering::Release);
+                    return None;
+                }
             }
         }
     }

@@ -72,11 +72,15 @@ pub type SourceFd = Arc<dyn AsFd + Send + Sync>;
 /// its connections): what an application that reads those sources itself
 /// watches, once for all of them (see [`Driver::set_shared_source`]).
 pub trait SharedSource: AsFd + Send + Sync {
-    /// Without waiting, take every announcement pending on the descriptor
-    /// and raise the [`SourceSignal`] of each source it concerns. Whoever
+    /// Without waiting, raise the [`SourceSignal`] of every source that
+    /// the announcements pending on the descriptor concern. Whoever
     /// watches the descriptor calls this on every readiness it takes,
     /// before it forgets that readiness, so nothing that came before is
-    /// left behind an edge.
+    /// left behind an edge. The watch is edge-triggered: each new
+    /// announcement raises a new edge, whatever is still pending, so an
+    /// implementation may leave an announcement on the descriptor that it
+    /// has already acted on (its source's signal is raised) and take it
+    /// later, off the path to the waiting task.
     fn dispatch(&self);
 }
 
@@ -164,6 +168,17 @@ impl Driver {
     #[inline]
     pub fn reads_directly(&self) -> bool {
         self.shared.ready.0.get().is_some_and(Readiness::direct)
+    }
+
+    /// For a source that reads directly: its pump returned before leaving
+    /// it ready to announce its next news (it took frames and did not
+    /// re-arm, which would put a system call between them and their
+    /// receiver). Whoever looks next pumps it again (the hint of
+    /// [`crate::Link::source_readable`]), and that pump, finding it empty,
+    /// makes it ready. Wakes no one.
+    #[inline]
+    pub fn read_again(&self) {
+        self.shared.source_hint.store(true, Ordering::Release);
     }
 
     /// Pump the installed source from the backend's engine task, unless

@@ -166,21 +166,6 @@ impl EventChannel {
             poll_readable(self.fd(), wait_ms)?;
         }
     }
-
-    /// The next event, waiting for it as long as it takes, unless
-    /// `closing` is rung (or a signal interrupts the wait): then
-    /// `Ok(None)`, and at once for ever after the ring.
-    pub(crate) fn get_or_closing(&self, closing: &crate::closing::Closing) -> io::Result<Option<CmEvent>> {
-        loop {
-            if let Some(e) = self.get(Some(Duration::ZERO))? {
-                return Ok(Some(e));
-            }
-            if !crate::closing::poll_either(self.fd(), closing.fd(), -1)? {
-                // Rung (or interrupted): look once more, then report it.
-                return self.get(Some(Duration::ZERO));
-            }
-        }
-    }
 }
 
 impl AsFd for EventChannel {

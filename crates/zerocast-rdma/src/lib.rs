@@ -77,11 +77,11 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-mod closing;
 mod cm;
 mod cq;
 mod device;
 mod error;
+mod eventfd;
 mod mr;
 mod rc;
 mod send_ring;

@@ -26,10 +26,10 @@ use rdma_sys::{
     ibv_srq_init_attr,
 };
 
-use crate::closing::{drain, eventfd, poll_either, signal};
 use crate::cm::set_nonblocking;
 use crate::device::{Context, ProtectionDomain};
 use crate::error::errno_from_rc;
+use crate::eventfd::{drain, eventfd, poll_either, signal};
 
 /// A shared receive queue: receives posted here serve every QP created
 /// with it. Destroyed when the last `Arc` drops (each such QP holds one).

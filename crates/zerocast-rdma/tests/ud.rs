@@ -64,6 +64,35 @@ fn unicast_roundtrip_and_reply() {
     assert!(a.flush(Duration::from_secs(5)) && b.flush(Duration::from_secs(5)));
 }
 
+/// The threads of this process.
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").expect("/proc/self/task").count()
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn sockets_add_no_threads() {
+    const SOCKETS: usize = 32;
+    let t = transport();
+    let first = bind(&t);
+    let before = threads();
+    let socks: Vec<UdSocket> = (0..SOCKETS).map(|_| bind(&t)).collect();
+    let during = threads();
+    assert!(during <= before, "{SOCKETS} more sockets took {during} threads, from {before}");
+    // Each one's rdma_cm events are read: every socket resolves the first
+    // (and answers its resolution), and its datagram arrives.
+    for (i, s) in socks.iter().enumerate() {
+        send(s, &first.local_addr(), &(i as u32).to_le_bytes());
+        let (d, from) = first.recv_from(soon()).expect("the first socket receives");
+        assert_eq!((&d[..], from), (&(i as u32).to_le_bytes()[..], s.local_addr()));
+        drop(d);
+        send(&first, &s.local_addr(), b"back");
+        let (d, _) = s.recv_from(soon()).expect("each socket receives");
+        assert_eq!(&d[..], b"back");
+    }
+    assert!(threads() <= before, "resolving added threads");
+}
+
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
 fn a_full_send_buffer_goes_with_the_header_from_a_slot_and_arrives_the_same() {

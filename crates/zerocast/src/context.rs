@@ -137,9 +137,9 @@ pub struct Zerocast {
 struct Inner {
     cfg: Config,
     pool: Retry<Pool>,
-    /// The engines of the TCP, in-process and RC transports (started on
+    /// The engines of the TCP, in-process and RDMA transports (started on
     /// first use).
-    #[cfg(any(feature = "tcp", feature = "mem"))]
+    #[cfg(any(feature = "tcp", feature = "mem", feature = "rdma"))]
     engines: Retry<zerocast_link::engine::Engines>,
     /// The RC transport, with its own registered pool (created on first use).
     #[cfg(feature = "rdma")]
@@ -220,7 +220,7 @@ impl Zerocast {
                 #[cfg(feature = "tokio")]
                 runtime,
                 pool: Retry::new(),
-                #[cfg(any(feature = "tcp", feature = "mem"))]
+                #[cfg(any(feature = "tcp", feature = "mem", feature = "rdma"))]
                 engines: Retry::new(),
                 #[cfg(feature = "rdma")]
                 rc: Retry::new(),
@@ -356,7 +356,7 @@ impl Zerocast {
     }
 
     /// The engines connections run on.
-    #[cfg(any(feature = "tcp", feature = "mem"))]
+    #[cfg(any(feature = "tcp", feature = "mem", feature = "rdma"))]
     pub(crate) fn engines(&self) -> Result<zerocast_link::engine::Engines, ConnectError> {
         let failed =
             |e: std::io::Error| ConnectError::Transport { kind: ErrorKind::LocalResource, source: e.into() };
@@ -435,12 +435,14 @@ impl Zerocast {
     }
 
     /// The UD transport (opened on first use: device, protection domain
-    /// and a registered pool shaped like [`Config::pool`]). A failure is
+    /// and a registered pool shaped like [`Config::pool`]; its sockets'
+    /// rdma_cm events are read on the context's engines). A failure is
     /// not kept: the next call tries again.
     #[cfg(feature = "rdma")]
     pub fn ud(&self) -> Result<zerocast_rdma::ud::UdTransport, ConnectError> {
         self.inner.ud.get_or_try(|| {
-            zerocast_rdma::ud::UdTransport::new(self.inner.cfg.ud.clone(), self.inner.cfg.pool.clone())
+            let (cfg, pool) = (self.inner.cfg.ud.clone(), self.inner.cfg.pool.clone());
+            zerocast_rdma::ud::UdTransport::with_engines(cfg, pool, self.engines()?)
                 .map_err(ConnectError::transport)
         })
     }

@@ -35,11 +35,23 @@
 //! after the count was read comes after that edge, and raises a new one.
 //! So the usual wake (one connection, one event) costs one read, not a
 //! second one that finds the channel empty.
+//!
+//! The runtime's reactor, whose watch is edge-triggered, does not even
+//! read that one before the task runs, when the hub counts one armed CQ:
+//! the event can only be that CQ's, so the dispatch wakes its task at once
+//! and counts the event *owed* to the CQ ([`Notify::fire_ahead`]). The CQ
+//! takes what it is owed before it is armed again ([`Notify::arm`]), after
+//! its task used the completion (after the reply was posted, in a
+//! ping-pong), so the read leaves the path from a completion to its
+//! receiver. Nothing is lost by the wait: an owed event raises no edge
+//! that anyone waits for, an event that reaches a CQ not armed wakes
+//! no one (its task already polls, and polls again after arming), and
+//! a new event raises a new edge, whatever is still queued.
 
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use zerocast_link::engine::{Cx, Engine, Interest, Step, Task, Waker};
 use zerocast_link::{Interrupt, SharedSource, SourceSignal};
@@ -102,6 +114,11 @@ pub(crate) struct Notify {
     task: Mutex<Option<Waker>>,
     /// The thread asleep until the next event, if one is.
     sleeper: Mutex<Option<Interrupt>>,
+    /// Events of this CQ left in the channel after it was woken for them
+    /// ([`Notify::fire_ahead`]): taken before it is armed again.
+    owed: AtomicUsize,
+    /// Itself, for the hub to name the CQ armed last.
+    me: Weak<Notify>,
     /// Kept until the CQ is gone: the channel's reader lives as long.
     hub: Option<Arc<CompHub>>,
 }
@@ -116,7 +133,11 @@ impl CompHub {
     pub(crate) fn start(ctx: &Arc<Context>, engine: &Engine, index: usize) -> io::Result<Arc<Self>> {
         let channel = CompChannel::new(ctx)?;
         let hub = Arc::new(Self {
-            shared: Arc::new(ChannelSource { channel: channel.clone(), armed: AtomicUsize::new(0) }),
+            shared: Arc::new(ChannelSource {
+                channel: channel.clone(),
+                armed: AtomicUsize::new(0),
+                last: Mutex::new(Weak::new()),
+            }),
             channel,
             engine: index,
             waker: OnceLock::new(),
@@ -132,9 +153,16 @@ impl CompHub {
         ctx: &Arc<Context>,
         depth: usize,
     ) -> io::Result<(Arc<CompletionQueue>, Arc<Notify>)> {
-        let notify = Arc::new(Notify::new(Some(self.clone())));
+        let notify = Arc::new_cyclic(|me| Notify::new(Some(self.clone()), me.clone()));
         let cq = CompletionQueue::new(ctx, depth, Some(self.channel.clone()), Some(notify.clone()))?;
         Ok((cq, notify))
+    }
+
+    /// Take one pending event, if there is one (a test's count of what
+    /// the channel holds).
+    #[cfg(test)]
+    pub(crate) fn take_one(&self) -> bool {
+        self.channel.take_event(fire).is_some()
     }
 
     /// Lead the channel while the calling thread sleeps, unless another
@@ -154,9 +182,10 @@ impl CompHub {
         }
     }
 
-    /// Take every pending event and hand each to its CQ's `Notify`.
+    /// Take every pending event and hand each to its CQ's `Notify` (for
+    /// a watcher whose readiness stays while an event is pending).
     fn dispatch(&self) {
-        self.shared.dispatch();
+        self.shared.take_all();
     }
 }
 
@@ -165,6 +194,47 @@ struct ChannelSource {
     channel: Arc<CompChannel>,
     /// CQs on the channel armed and whose event was not taken yet.
     armed: AtomicUsize,
+    /// The CQ armed last: the only one armed, when `armed` is 1 and it is.
+    last: Mutex<Weak<Notify>>,
+}
+
+impl ChannelSource {
+    /// Take every pending event and hand each to its CQ's `Notify`: until
+    /// no armed CQ is left without its event, or none is pending (see the
+    /// module docs).
+    fn take_all(&self) {
+        while self.channel.take_event(fire).is_some() && self.armed.load(Ordering::SeqCst) > 0 {}
+    }
+
+    /// Take events until `n` is owed none, or none is pending. An empty
+    /// channel holds none of `n`'s, whatever it was owed: another reader
+    /// took them, or the wake ahead was for an edge whose event another
+    /// reader had taken before.
+    fn settle(&self, n: &Notify) {
+        while n.owed.load(Ordering::SeqCst) > 0 {
+            if self.channel.take_event(fire).is_none() {
+                n.owed.store(0, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// The only CQ armed on the channel, if one alone is.
+    fn sole_armed(&self) -> Option<Arc<Notify>> {
+        if self.armed.load(Ordering::SeqCst) != 1 {
+            return None;
+        }
+        lock(&self.last).upgrade().filter(|n| n.is_armed())
+    }
+}
+
+/// Hand a taken event to its CQ's `Notify` (`ctx`, the CQ's context).
+fn fire(ctx: *mut std::os::raw::c_void) {
+    // SAFETY: every CQ on this channel was made by `CompHub::cq` with a
+    // `Notify` as its context, which the CQ holds until it is destroyed,
+    // and its destruction waits for this event to be acknowledged, after
+    // this call.
+    let notify = unsafe { &*(ctx as *const Notify) };
+    notify.fire();
 }
 
 impl std::os::fd::AsFd for ChannelSource {
@@ -174,25 +244,22 @@ impl std::os::fd::AsFd for ChannelSource {
 }
 
 impl SharedSource for ChannelSource {
-    /// Take every pending event and hand each to its CQ's `Notify`: until
-    /// no armed CQ is left without its event, or none is pending (see the
-    /// module docs).
+    /// For the runtime's edge-triggered watch: wake the only CQ armed, if
+    /// one alone is, and owe it its event; else take every pending event
+    /// and hand each to its CQ's `Notify` (see the module docs).
     fn dispatch(&self) {
-        let fire = |ctx: *mut std::os::raw::c_void| {
-            // SAFETY: every CQ on this channel was made by `CompHub::cq`
-            // with a `Notify` as its context, which the CQ holds until it
-            // is destroyed, and its destruction waits for this event to be
-            // acknowledged, after this closure.
-            let notify = unsafe { &*(ctx as *const Notify) };
-            notify.fire();
-        };
-        while self.channel.take_event(fire).is_some() && self.armed.load(Ordering::SeqCst) > 0 {}
+        if self.sole_armed().is_some_and(|n| n.fire_ahead()) {
+            return;
+        }
+        self.take_all();
     }
 }
 
 impl Notify {
-    fn new(hub: Option<Arc<CompHub>>) -> Self {
+    fn new(hub: Option<Arc<CompHub>>, me: Weak<Notify>) -> Self {
         Self {
+            owed: AtomicUsize::new(0),
+            me,
             armed: AtomicBool::new(false),
             fired: AtomicBool::new(false),
             listening: AtomicBool::new(false),
@@ -215,6 +282,17 @@ impl Notify {
 
     /// Ask for an event at the next completion of `cq` (this `Notify`'s).
     pub(crate) fn arm(&self, cq: &CompletionQueue) {
+        if let Some(hub) = &self.hub {
+            // What the channel still holds for this CQ goes first: an
+            // event of the last arming must not pass for this one's.
+            if self.owed.load(Ordering::Relaxed) > 0 {
+                hub.shared.settle(self);
+            }
+            let mut last = lock(&hub.shared.last);
+            if !Weak::ptr_eq(&last, &self.me) {
+                *last = self.me.clone();
+            }
+        }
         // Marked (and counted) first: the event this arming brings clears
         // the mark after.
         if !self.armed.swap(true, Ordering::SeqCst) {
@@ -282,11 +360,36 @@ impl Notify {
         }
     }
 
-    /// An event came (the channel's reader).
+    /// An event came (the channel's reader). One this CQ was owed (it was
+    /// woken for it before) is only taken.
     fn fire(&self) {
         if self.armed.swap(false, Ordering::SeqCst) {
             self.count_armed(false);
+        } else if self.owed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |o| o.checked_sub(1)).is_ok() {
+            return;
         }
+        self.woken();
+    }
+
+    /// The CQ's event is in the channel, as the only armed CQ's (the
+    /// runtime's dispatch, see the module docs): wake whoever waits for
+    /// it now, and owe the CQ the event, to take later. `false` if the
+    /// event was taken meanwhile (by another reader of the channel).
+    fn fire_ahead(&self) -> bool {
+        // Owed before the mark goes: a reader that takes the event after
+        // finds it owed.
+        self.owed.fetch_add(1, Ordering::SeqCst);
+        if !self.armed.swap(false, Ordering::SeqCst) {
+            let _ = self.owed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |o| o.checked_sub(1));
+            return false;
+        }
+        self.count_armed(false);
+        self.woken();
+        true
+    }
+
+    /// Tell everyone who waits for this CQ's next event that it came.
+    fn woken(&self) {
         self.fired.store(true, Ordering::SeqCst);
         if let Some(signal) = self.signal.get() {
             signal.raise();
@@ -405,7 +508,7 @@ mod tests {
         engine.register(Box::new(Counting(runs.clone(), waker.clone())));
         assert_eq!(runs_after(&mut progress, &runs), 1);
         let task = waker.get().expect("the task ran").clone();
-        let n = Notify::new(None);
+        let n = Notify::new(None, Weak::new());
 
         n.listen(&task, false);
         n.fire();
@@ -426,7 +529,7 @@ mod tests {
     fn an_event_clears_the_armed_mark_and_rings_the_sleeper() {
         let me = Interrupt::this_thread().expect("an eventfd for this thread");
         let readable = |me: &Interrupt| crate::cm::poll_readable(me.fd().as_raw_fd(), 0).expect("poll");
-        let n = Notify::new(None);
+        let n = Notify::new(None, Weak::new());
         n.armed.store(true, Ordering::SeqCst);
         n.set_sleeper(Some(me.clone()));
         assert!(n.is_armed() && !readable(&me));

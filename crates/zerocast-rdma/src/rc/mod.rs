@@ -23,6 +23,8 @@ mod cm_connect;
 mod cm_hub;
 mod cm_path;
 mod comp_hub;
+#[cfg(test)]
+mod direct_tests;
 mod engine;
 mod error;
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! The rdma_cm side of a UD socket, in the UDP port space.
 //!
-//! One event channel per socket, read by one thread. It answers peers'
+//! One event channel per socket, read by a task on one of the transport's
+//! engines (no thread of its own: a process's threads do not grow with its
+//! sockets). It answers peers'
 //! resolution requests (`RDMA_CM_EVENT_CONNECT_REQUEST`, a SIDR request
 //! under the hood) with the socket's QPN, marks groups whose membership
 //! failed (`RDMA_CM_EVENT_MULTICAST_ERROR`), and hands every other event
@@ -17,17 +19,18 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use rdma_sys::{rdma_cm_event_type as ev, rdma_conn_param};
+use zerocast_link::engine::{self, Cx, Engine, Interest, Step, Task};
 
 use super::io::lock;
 use super::UdError;
-use crate::closing::Closing;
 use crate::cm::{event_name, CmId, EventChannel, UdParam};
 use crate::error::errno_from_rc;
 
@@ -39,7 +42,7 @@ struct Got {
     ud: UdParam,
 }
 
-/// The socket's rdma_cm state, shared with its event thread.
+/// The socket's rdma_cm state, shared with the task that reads its events.
 pub(super) struct Cm {
     pub(super) channel: Arc<EventChannel>,
     /// Bound and listening: peers resolve the socket through it. Held so
@@ -49,9 +52,10 @@ pub(super) struct Cm {
     waiters: Mutex<HashMap<usize, Slot>>,
     /// Groups' ids → their failed flag.
     watched: Mutex<HashMap<usize, Arc<AtomicBool>>>,
-    /// Rung by [`Cm::stop`]; until then the event thread sleeps on the
-    /// channel with no timeout.
-    stop: Closing,
+    /// Set by [`Cm::stop`]: the reading task ends.
+    stopped: AtomicBool,
+    /// The reading task's, once it ran.
+    reader: OnceLock<engine::Waker>,
 }
 
 /// What an id's waiter has: the event that came for it, or the waker of
@@ -79,39 +83,34 @@ fn verbs(call: &'static str, rc: i32) -> UdError {
 }
 
 impl Cm {
-    pub(super) fn new(channel: Arc<EventChannel>, listen: CmId, qpn: u32) -> std::io::Result<Arc<Self>> {
-        Ok(Arc::new(Self {
+    /// The socket's rdma_cm state, its events read by a task on `engine`
+    /// until [`Cm::stop`].
+    pub(super) fn start(channel: Arc<EventChannel>, listen: CmId, qpn: u32, engine: &Engine) -> Arc<Self> {
+        let cm = Arc::new(Self {
             channel,
             _listen: listen,
             qpn,
             waiters: Mutex::new(HashMap::new()),
             watched: Mutex::new(HashMap::new()),
-            stop: Closing::new()?,
-        }))
+            stopped: AtomicBool::new(false),
+            reader: OnceLock::new(),
+        });
+        engine.register(Box::new(Reader(cm.clone())));
+        cm
     }
 
-    /// Run the event thread until [`stop`](Self::stop).
-    pub(super) fn spawn(cm: &Arc<Self>) -> std::io::Result<std::thread::JoinHandle<()>> {
-        let cm = cm.clone();
-        std::thread::Builder::new().name("zerocast-ud-cm".into()).spawn(move || cm.run())
-    }
-
+    /// End the reading task (the socket closes).
     pub(super) fn stop(&self) {
-        self.stop.ring();
+        self.stopped.store(true, SeqCst);
+        if let Some(w) = self.reader.get() {
+            w.wake();
+        }
     }
 
-    fn run(&self) {
-        loop {
-            let e = match self.channel.get_or_closing(&self.stop) {
-                Ok(Some(e)) => e,
-                // Stopped, or a signal interrupted the wait.
-                Ok(None) if self.stop.is_rung() => return,
-                Ok(None) => continue,
-                Err(err) => {
-                    tracing::warn!(error = %err, "UD rdma_cm event channel failed; no more peers can resolve this socket");
-                    return;
-                }
-            };
+    /// Take every pending event and hand each on. `Err`: the channel
+    /// failed.
+    fn dispatch(&self) -> std::io::Result<()> {
+        while let Some(e) = self.channel.get(Some(Duration::ZERO))? {
             let kind = e.kind();
             if kind == ev::RDMA_CM_EVENT_CONNECT_REQUEST {
                 let raw = e.id();
@@ -143,6 +142,7 @@ impl Cm {
                 None => tracing::debug!(event = %event_name(kind), "UD rdma_cm event with no waiter"),
             }
         }
+        Ok(())
     }
 
     /// Answer a peer's resolution request with this socket's QPN (the Q_Key
@@ -323,5 +323,28 @@ impl Drop for Watched<'_> {
         if let Some(key) = self.key {
             lock(&self.cm.watched).remove(&key);
         }
+    }
+}
+
+/// The engine task that reads a socket's rdma_cm events.
+struct Reader(Arc<Cm>);
+
+impl Task for Reader {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.0.channel.as_fd())
+    }
+
+    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
+        // Kept before the flag is read: a stop after the read wakes us.
+        let _ = self.0.reader.set(cx.waker());
+        if self.0.stopped.load(SeqCst) {
+            return Step::Done;
+        }
+        if let Err(e) = self.0.dispatch() {
+            tracing::warn!(error = %e, "UD rdma_cm event channel failed; no more peers can resolve this socket");
+            return Step::Done;
+        }
+        cx.set_interest(Interest { read: true, write: false });
+        Step::Continue
     }
 }

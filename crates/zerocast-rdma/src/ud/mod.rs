@@ -66,6 +66,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use zerocast_core::DEFAULT_MAX_SOURCES;
+use zerocast_link::engine::Engines;
 use zerocast_mem::{Pool, PoolConfig};
 
 pub use datagram::{grh_source, UdDatagram, GRH_LEN};
@@ -221,6 +222,8 @@ struct Inner {
     pd: Arc<ProtectionDomain>,
     pool: Pool,
     cfg: UdConfig,
+    /// Where each socket's rdma_cm events are read.
+    engines: Engines,
 }
 
 /// The UD transport: one device, one protection domain and a pool
@@ -239,7 +242,17 @@ impl std::fmt::Debug for UdTransport {
 impl UdTransport {
     /// Open the device (the one rdma_cm uses) and register a pool shaped
     /// by `pool`, with a class that holds a GRH and an active MTU added.
+    /// Sockets' rdma_cm events are read on an engine of this transport's
+    /// own (one thread, however many sockets).
     pub fn new(cfg: UdConfig, pool: PoolConfig) -> Result<Self, UdError> {
+        let engines =
+            Engines::start("zerocast-ud", 1).map_err(|e| UdError::verbs("starting the UD engine", e))?;
+        Self::with_engines(cfg, pool, engines)
+    }
+
+    /// [`UdTransport::new`], with sockets' rdma_cm events read on
+    /// `engines` (which other transports may share).
+    pub fn with_engines(cfg: UdConfig, pool: PoolConfig, engines: Engines) -> Result<Self, UdError> {
         let device = open_cm_device(cfg.device.as_deref()).map_err(UdError::Device)?;
         cfg.validate(device.context().attr().max_qp_wr)?;
         let mtu = device.port_attr().map_err(UdError::Device)?.active_mtu as usize;
@@ -252,7 +265,7 @@ impl UdTransport {
         }
         let registrar = Arc::new(VerbsRegistrar::new(pd.clone()));
         let pool = Pool::new(pc, registrar).map_err(|e| UdError::Config(format!("the UD pool: {e}")))?;
-        Ok(Self { inner: Arc::new(Inner { device, pd, pool, cfg }) })
+        Ok(Self { inner: Arc::new(Inner { device, pd, pool, cfg, engines }) })
     }
 
     /// The registered pool of every socket of this transport.
@@ -268,6 +281,11 @@ impl UdTransport {
     /// The settings.
     pub fn config(&self) -> &UdConfig {
         &self.inner.cfg
+    }
+
+    /// The engine the next socket's rdma_cm events are read on.
+    pub(crate) fn engine(&self) -> &zerocast_link::engine::Engine {
+        self.inner.engines.pick()
     }
 
     /// A socket bound at `ud://ip:port` (port 0 picks one). The address

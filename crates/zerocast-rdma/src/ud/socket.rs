@@ -5,7 +5,6 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rdma_sys::ibv_gid;
@@ -63,7 +62,6 @@ struct Group {
 pub struct UdSocket {
     io: Arc<Io>,
     cm: Arc<Cm>,
-    thread: Option<JoinHandle<()>>,
     local: SocketAddr,
     mtu: u32,
     max_datagram: usize,
@@ -193,13 +191,11 @@ impl UdSocket {
             rx_len: GRH_LEN + mtu as usize,
         };
         let io = Io::new(&t.inner.pd, device.port(), RDMA_UDP_QKEY, t.pool().clone(), sizes)?;
-        let cm = Cm::new(channel, listen, io.qp.qp_num()).map_err(|e| UdError::verbs("eventfd", e))?;
-        let thread = Cm::spawn(&cm).map_err(|e| UdError::verbs("spawning the rdma_cm thread", e))?;
+        let cm = Cm::start(channel, listen, io.qp.qp_num(), t.engine());
         tracing::debug!(%local, device = device.name(), mtu, max_datagram, raw = cfg.raw, qpn = io.qp.qp_num(), "ud socket open");
         Ok(UdSocket {
             io,
             cm,
-            thread: Some(thread),
             local,
             mtu,
             max_datagram,
@@ -501,9 +497,6 @@ impl Drop for UdSocket {
     fn drop(&mut self) {
         self.io.close();
         self.cm.stop();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
         let groups: Vec<Group> = lock(&self.groups).drain().map(|(_, g)| g).collect();
         for g in groups {
             self.drop_group(g);

@@ -91,13 +91,27 @@ impl RcSource {
     /// an engine task that listens again pumps an unarmed CQ first).
     /// Inlined, with the arming out of line: a busy-polling receive
     /// checks it on every message.
+    ///
+    /// A task that reads the CQ directly is not kept waiting for the
+    /// arming either: its pump raises the link's hint instead
+    /// ([`Driver::read_again`]), so whoever looks next pumps once more,
+    /// and that pump, finding the CQ empty, arms it before it reports
+    /// nothing ([`Self::settled`]). The arming then comes after the
+    /// receiver used its frames (after its reply was posted, in a ping-pong),
+    /// not between.
     #[inline]
     fn arm_again(&mut self, driver: &Driver) -> bool {
-        let due = self.uses_channel(driver) && !self.io.notify().is_armed() && self.events_wanted(driver);
-        if due {
-            self.arm();
+        if !self.uses_channel(driver) || self.io.notify().is_armed() {
+            return false;
         }
-        due
+        if self.events_wanted(driver) {
+            self.arm();
+            return true;
+        }
+        if driver.reads_directly() {
+            driver.read_again();
+        }
+        false
     }
 
     /// Whether the engine wants the CQ's events: its own pump, or no
@@ -107,7 +121,6 @@ impl RcSource {
         self.io.engine_pumping.load(Ordering::Relaxed)
             || !driver.reader_claimed()
             || self.io.notify().is_listening()
-            || driver.reads_directly()
     }
 
     /// Request a completion event.

@@ -1,46 +1,9 @@
-//! The signal that a UD socket's rdma_cm side is closing, for the thread
-//! that sleeps on its event channel, and the eventfd helpers the SRQ's
-//! async event reader uses too.
-//!
-//! That thread does not wake on a timer to look around. The one thing
-//! that reaches it otherwise is a close, and this is how: an `eventfd`
-//! that its wait includes ([`poll_either`]). It stays readable once rung.
-//! (A connection's receiving thread is woken through its own eventfd
-//! instead: see `rc::engine::Io::sleeping`.)
+//! The eventfd helpers the SRQ's async event reader uses: a descriptor
+//! another thread makes readable to wake a wait that includes it
+//! ([`poll_either`]), with no timer.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
-
-/// Rung once, when the connection starts closing; ready for ever after.
-#[derive(Debug)]
-pub(crate) struct Closing {
-    fd: OwnedFd,
-    rung: AtomicBool,
-}
-
-impl Closing {
-    pub(crate) fn new() -> io::Result<Self> {
-        Ok(Self { fd: eventfd()?, rung: AtomicBool::new(false) })
-    }
-
-    /// Wake every thread waiting on this signal, now and later.
-    pub(crate) fn ring(&self) {
-        if !self.rung.swap(true, Ordering::AcqRel) {
-            signal(self.fd.as_raw_fd());
-        }
-    }
-
-    /// Whether [`Closing::ring`] was called.
-    pub(crate) fn is_rung(&self) -> bool {
-        self.rung.load(Ordering::Acquire)
-    }
-
-    /// Readable once rung (never read: it stays readable).
-    pub(crate) fn fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
-}
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
 /// A fresh non-blocking eventfd, counting from 0 (not readable).
 pub(crate) fn eventfd() -> io::Result<OwnedFd> {
@@ -82,44 +45,33 @@ pub(crate) fn poll_either(fd: RawFd, other: RawFd, ms: libc::c_int) -> io::Resul
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::AsRawFd;
     use std::time::{Duration, Instant};
 
     use super::*;
 
     #[test]
-    fn a_rung_signal_wakes_fd_waiters_for_good() {
-        let c = Closing::new().unwrap();
+    fn a_signal_on_the_other_descriptor_wakes_the_wait() {
+        let other = eventfd().unwrap();
         // A pipe that never becomes readable stands for a quiet channel.
         let mut p = [0; 2];
         // SAFETY: valid out-array of two fds.
         assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
         // SAFETY: fresh descriptors, owned here from now on.
         let (r, _w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
-        assert!(!poll_either(r.as_raw_fd(), c.fd(), 0).unwrap());
-        assert!(!c.is_rung());
-        let waiter = std::thread::spawn({
-            let fd = c.fd();
-            move || {
-                let start = Instant::now();
-                let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-                // SAFETY: one valid pollfd.
-                let rc = unsafe { libc::poll(&mut pfd, 1, 10_000) };
-                (rc, start.elapsed())
-            }
+        assert!(!poll_either(r.as_raw_fd(), other.as_raw_fd(), 0).unwrap());
+        let fd = other.as_raw_fd();
+        let ringer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            signal(fd);
         });
-        std::thread::sleep(Duration::from_millis(20));
-        c.ring();
-        let (rc, took) = waiter.join().unwrap();
-        assert_eq!(rc, 1, "the waiter was woken by the ring, not its timeout");
-        assert!(took < Duration::from_secs(5), "{took:?}");
-        for _ in 0..2 {
-            // Still ready: later waits return at once.
-            let start = Instant::now();
-            assert!(!poll_either(r.as_raw_fd(), c.fd(), 10_000).unwrap());
-            assert!(start.elapsed() < Duration::from_secs(5));
-            assert!(c.is_rung());
-        }
-        c.ring();
+        let start = Instant::now();
+        assert!(
+            !poll_either(r.as_raw_fd(), other.as_raw_fd(), 10_000).unwrap(),
+            "only the other was readable"
+        );
+        assert!(start.elapsed() < Duration::from_secs(5), "woken by the signal, not the timeout");
+        ringer.join().unwrap();
     }
 
     #[test]

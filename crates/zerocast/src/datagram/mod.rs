@@ -326,7 +326,11 @@ impl DatagramSocket {
     #[cfg(feature = "tokio")]
     pub(crate) async fn resolve_async(&self, to: &SocketAddr) -> Result<(), DatagramError> {
         match &self.flavor {
-            Flavor::Udp(_) => Ok(()),
+            // UDP has nothing to resolve.
+            Flavor::Udp(_) => {
+                let _ = to;
+                Ok(())
+            }
             #[cfg(feature = "rdma")]
             Flavor::Ud(s) if s.is_resolved(to) => Ok(()),
             #[cfg(feature = "rdma")]

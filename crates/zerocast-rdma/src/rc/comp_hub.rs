@@ -44,9 +44,9 @@
 //! its task used the completion (after the reply was posted, in a
 //! ping-pong), so the read leaves the path from a completion to its
 //! receiver. Nothing is lost by the wait: an owed event raises no edge
-//! that anyone waits for, an event that reaches a CQ not armed wakes
-//! no one (its task already polls, and polls again after arming), and
-//! a new event raises a new edge, whatever is still queued.
+//! that anyone waits for, and wakes no one when it is taken (its task was
+//! woken for it, and polls again after arming), and a new event raises a
+//! new edge, whatever is still queued.
 
 use std::io;
 use std::os::fd::BorrowedFd;

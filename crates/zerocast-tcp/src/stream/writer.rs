@@ -1,5 +1,6 @@
-//! The socket's write half: frames go out with `writev`, from the engine or
-//! from a sending thread (see [`zerocast_link::Wire`]), and never wait.
+//! The socket's write half: frames go out with `sendmsg` (or `send`, for a
+//! run of small frames alone), from the engine or from a sending thread
+//! (see [`zerocast_link::Wire`]), and never wait.
 //!
 //! Headers and small payloads are copied into one contiguous staging buffer
 //! (a kernel copy of one long slice is far cheaper than of many short ones);
@@ -16,7 +17,7 @@ use std::net::Shutdown;
 use std::sync::Arc;
 
 use rustix::io::Errno;
-use rustix::net::{sendmsg, SendAncillaryBuffer, SendFlags};
+use rustix::net::{send, sendmsg, SendAncillaryBuffer, SendFlags};
 use socket2::Socket;
 use zerocast_core::ConnError;
 use zerocast_link::{Frame, Wire, WireCtx};
@@ -72,23 +73,17 @@ impl TcpWire {
     /// Write from the front of the backlog until it is empty or the socket
     /// is full.
     fn write_out(&mut self) -> Result<(), ConnError> {
-        while !self.pieces.is_empty() {
-            let mut iov = [IoSlice::new(&[]); PIECES];
-            let mut n = 0;
-            let mut at = self.sent;
-            for piece in self.pieces.iter().take(PIECES) {
-                iov[n] = match piece {
-                    Piece::Staged(len) => {
-                        at += len;
-                        IoSlice::new(&self.staging[at - len..at])
-                    }
-                    Piece::Payload(buf) if n == 0 => IoSlice::new(&buf[self.payload_sent..]),
-                    Piece::Payload(buf) => IoSlice::new(buf),
-                };
-                n += 1;
-            }
-            let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
-            match sendmsg(&*self.sock, &iov[..n], &mut SendAncillaryBuffer::default(), flags) {
+        let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+        while let Some(front) = self.pieces.front() {
+            let written = match front {
+                // One run of staged bytes (small frames only): a plain
+                // send, with no vector to build.
+                Piece::Staged(len) if self.pieces.len() == 1 => {
+                    send(&*self.sock, &self.staging[self.sent..self.sent + len], flags)
+                }
+                _ => self.send_pieces(flags),
+            };
+            match written {
                 Ok(k) => self.advance(k),
                 Err(Errno::INTR) => {}
                 Err(Errno::AGAIN) => return Ok(()),
@@ -98,6 +93,26 @@ impl TcpWire {
         self.staging.clear();
         self.sent = 0;
         Ok(())
+    }
+
+    /// One `sendmsg` of up to [`PIECES`] pieces from the front of the
+    /// backlog.
+    fn send_pieces(&self, flags: SendFlags) -> rustix::io::Result<usize> {
+        let mut iov = [IoSlice::new(&[]); PIECES];
+        let mut n = 0;
+        let mut at = self.sent;
+        for piece in self.pieces.iter().take(PIECES) {
+            iov[n] = match piece {
+                Piece::Staged(len) => {
+                    at += len;
+                    IoSlice::new(&self.staging[at - len..at])
+                }
+                Piece::Payload(buf) if n == 0 => IoSlice::new(&buf[self.payload_sent..]),
+                Piece::Payload(buf) => IoSlice::new(buf),
+            };
+            n += 1;
+        }
+        sendmsg(&*self.sock, &iov[..n], &mut SendAncillaryBuffer::default(), flags)
     }
 
     /// `k` bytes from the front of the backlog were written.

@@ -2,7 +2,7 @@
 //! and the engine that drives them sleeps (see `zerocast_tests::idle`): in
 //! `epoll_wait` on its completion channel and the rdma_cm event channel
 //! (or the `rc+oob://` side channels), until something happens. So does
-//! an idle `ud://` socket's rdma_cm thread.
+//! the engine that reads an idle `ud://` socket's rdma_cm events.
 //!
 //! They need a verbs device: ignored on a plain `cargo test`;
 //! `scripts/test` runs them inside the Soft-RoCE guest, one at a time.
@@ -82,10 +82,10 @@ fn an_idle_rc_connection_on_a_shared_receive_queue_does_not_wake() {
     check_at(&format!("rc://{}:0?srq=256", addr()), 2);
 }
 
-/// An idle `ud://` socket's rdma_cm thread sleeps, and so do two threads
-/// blocked in `recv_from` with no deadline: one in the completion
-/// channel's wait, the other waiting for its turn at the receive queue.
-/// A datagram each then wakes them.
+/// The engine that reads an idle `ud://` socket's rdma_cm events sleeps,
+/// and so do two threads blocked in `recv_from` with no deadline: one in
+/// the completion channel's wait, the other waiting for its turn at the
+/// receive queue. A datagram each then wakes them.
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
 fn an_idle_ud_socket_does_not_wake() {
@@ -106,7 +106,7 @@ fn an_idle_ud_socket_does_not_wake() {
     };
     let ((socket, receivers), n) =
         idle::stays_asleep(open, Duration::from_millis(500), Duration::from_secs(2), 3);
-    assert!(n >= 3, "the rdma_cm thread and the two receivers: {n}");
+    assert!(n >= 3, "the engine and the two receivers: {n}");
     let sender = env.bind();
     for byte in [1u8, 2] {
         let mut b = sender.alloc(1, None).expect("alloc");

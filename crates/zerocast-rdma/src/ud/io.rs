@@ -99,8 +99,7 @@ pub(super) struct Route {
     pub(super) qkey: u32,
 }
 
-/// Everything the socket, its received datagrams and its rdma_cm thread
-/// share. Field order is drop order: the QP goes first, so no buffer in
+/// Everything the socket and its received datagrams share. Field order is drop order: the QP goes first, so no buffer in
 /// the tables is still in the device's hands when the tables drop.
 #[derive(Debug)]
 pub(crate) struct Io {

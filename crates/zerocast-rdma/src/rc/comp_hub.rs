@@ -194,7 +194,9 @@ struct ChannelSource {
     channel: Arc<CompChannel>,
     /// CQs on the channel armed and whose event was not taken yet.
     armed: AtomicUsize,
-    /// The CQ armed last: the only one armed, when `armed` is 1 and it is.
+    /// The CQ read directly that was armed last: the only one armed, when
+    /// `armed` is 1 and it is (a CQ not read directly is never named, so
+    /// the dispatch then takes the events as any reader does).
     last: Mutex<Weak<Notify>>,
 }
 
@@ -280,17 +282,23 @@ impl Notify {
         self.hub.as_deref()
     }
 
-    /// Ask for an event at the next completion of `cq` (this `Notify`'s).
-    pub(crate) fn arm(&self, cq: &CompletionQueue) {
+    /// Ask for an event at the next completion of `cq` (this `Notify`'s);
+    /// `direct`: its connection is read directly (see the module docs).
+    pub(crate) fn arm(&self, cq: &CompletionQueue, direct: bool) {
         if let Some(hub) = &self.hub {
             // What the channel still holds for this CQ goes first: an
             // event of the last arming must not pass for this one's.
             if self.owed.load(Ordering::Relaxed) > 0 {
                 hub.shared.settle(self);
             }
-            let mut last = lock(&hub.shared.last);
-            if !Weak::ptr_eq(&last, &self.me) {
-                *last = self.me.clone();
+            // Only a CQ read directly (by a runtime's tasks) is ever woken
+            // ahead: the others take no lock shared with the engine's
+            // other connections on every arming.
+            if direct {
+                let mut last = lock(&hub.shared.last);
+                if !Weak::ptr_eq(&last, &self.me) {
+                    *last = self.me.clone();
+                }
             }
         }
         // Marked (and counted) first: the event this arming brings clears

@@ -105,7 +105,7 @@ impl RcSource {
             return false;
         }
         if self.events_wanted(driver) {
-            self.arm();
+            self.arm(driver);
             return true;
         }
         if driver.reads_directly() {
@@ -125,8 +125,8 @@ impl RcSource {
 
     /// Request a completion event.
     #[inline(never)]
-    fn arm(&mut self) {
-        self.io.notify().arm(&self.io.cq);
+    fn arm(&mut self, driver: &Driver) {
+        self.io.notify().arm(&self.io.cq, driver.reads_directly());
     }
 
     /// Before reporting the CQ empty in event mode: the CQ is armed and no
@@ -137,7 +137,7 @@ impl RcSource {
     /// `try_recv` checks it on every empty spin.
     #[inline]
     fn settled(&mut self, driver: &Driver) -> bool {
-        !self.uses_channel(driver) || self.settled_event()
+        !self.uses_channel(driver) || self.settled_event(driver)
     }
 
     /// Whether this pump keeps the CQ armed: in event mode, and in either
@@ -150,9 +150,9 @@ impl RcSource {
     }
 
     #[inline(never)]
-    fn settled_event(&mut self) -> bool {
+    fn settled_event(&mut self, driver: &Driver) -> bool {
         if !self.io.notify().is_armed() {
-            self.arm();
+            self.arm(driver);
             return false;
         }
         true

@@ -13,12 +13,23 @@ use zerocast::{Connection, Listener};
 /// payloads up to 1 MiB; returns the raw stream, past the listener's
 /// hello, and the listener's side of the connection.
 pub fn handshaken(listener: &Listener, addr: SocketAddr, window: u32) -> (TcpStream, Connection) {
+    let (s, conn, _) = handshaken_hello(listener, addr, window);
+    (s, conn)
+}
+
+/// [`handshaken`], and the listener's hello (its window in credits, say).
+pub fn handshaken_hello(
+    listener: &Listener,
+    addr: SocketAddr,
+    window: u32,
+) -> (TcpStream, Connection, Hello) {
     let mut s = TcpStream::connect(addr).expect("connect");
-    let hello = Hello { window, max_payload: 1 << 20, recv_buf_size: 0, heartbeat_ms: 0 };
+    let hello = Hello { window, credit_unit: 0, max_payload: 1 << 20, recv_buf_size: 0, heartbeat_ms: 0 };
     s.write_all(&Header::new(FrameKind::Control, 0, 0, HELLO_LEN as u64).encode()).expect("write");
     s.write_all(&hello.encode()).expect("write");
     let conn = listener.accept().expect("accept");
     let mut back = [0u8; HEADER_LEN + HELLO_LEN];
     s.read_exact(&mut back).expect("the listener's hello");
-    (s, conn)
+    let theirs = Hello::decode(&back[HEADER_LEN..]).expect("the listener's hello decodes");
+    (s, conn, theirs)
 }

@@ -42,11 +42,27 @@ pub fn integrity(t: &Transport, n: u64) {
     t.assert_pool_drained(Duration::from_secs(10));
 }
 
+/// The peer's window in credits, as `stats` report it, checked against the
+/// receive window `configured`: equal with one credit per message; more
+/// credits, each of 1 KiB or more, on a transport that weighs them
+/// (`tcp://`), where a small message takes one.
+pub fn credit_window(stats: &zerocast::LinkStats, configured: u32) -> u32 {
+    let (window, unit) = (stats.peer_window, stats.peer_credit_unit);
+    match unit {
+        0 => assert_eq!(window, configured, "one credit per posted buffer"),
+        _ => assert!(window > configured && unit >= 1024, "weighted: {window} credits of {unit} bytes"),
+    }
+    window
+}
+
 /// A reader that does not read blocks the sender after exactly one window
 /// (less the reserved credit), hands messages back on `try_send` and
 /// `send_timeout`, and keeps the receiver's buffers bounded by its window.
-pub fn backpressure(t: &Transport, window: u32) {
+/// `configured` is the receive window asked for; a transport that weighs
+/// its credits (`tcp://`) announces more of them, one per small message.
+pub fn backpressure(t: &Transport, configured: u32) {
     let (client, server) = t.pair();
+    let window = credit_window(&client.stats(), configured);
     let mut sent = 0u32;
     // Credits arrive with the handshake: fill the peer's window.
     let deadline = Instant::now() + Duration::from_secs(10);

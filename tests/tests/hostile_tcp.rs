@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use zerocast::core::frame::{MAGIC, VERSION};
 use zerocast::core::{CreditError, FrameError, FrameKind, Header};
 use zerocast::{AcceptError, Config, ConnError, ErrorKind, Listener, RecvError, TcpConfig, Zerocast};
-use zerocast_tests::raw_tcp::handshaken;
+use zerocast_tests::raw_tcp::{handshaken, handshaken_hello};
 
 fn zc() -> Zerocast {
     let mut cfg = Config::default();
@@ -172,9 +172,12 @@ fn peer_closing_mid_frame_is_truncation() {
 fn credit_overrun_and_bad_sequence_are_detected() {
     let zc = zc();
     let (listener, addr) = listen(&zc);
-    // The server posted 8 receive buffers; a 9th unreturned frame overruns.
-    let (mut bad, server) = handshaken(&listener, addr, 8);
-    for seq in 0..9 {
+    // The server announced its window in credits (one per small frame):
+    // one unreturned frame more overruns it.
+    let (mut bad, server, hello) = handshaken_hello(&listener, addr, 8);
+    let window = hello.window;
+    assert!(hello.credit_unit > 0 && window >= 8, "{hello:?}");
+    for seq in 0..=window {
         bad.write_all(&data(seq, b"x")).expect("write");
     }
     thread::sleep(Duration::from_millis(200));
@@ -188,8 +191,8 @@ fn credit_overrun_and_bad_sequence_are_detected() {
             Err(e) => panic!("{e}"),
         }
     };
-    assert_eq!(held.len(), 8, "the frames within the window are delivered first");
-    assert!(matches!(err, ConnError::Credit(CreditError::Overrun { window: 8 })));
+    assert_eq!(held.len() as u32, window, "the frames within the window are delivered first");
+    assert!(matches!(err, ConnError::Credit(CreditError::Overrun { window: w }) if w == window), "{err}");
     assert_eq!(err.kind(), ErrorKind::Protocol);
 
     let (mut bad, server) = handshaken(&listener, addr, 8);
@@ -199,6 +202,41 @@ fn credit_overrun_and_bad_sequence_are_detected() {
         expect_failure(&server),
         ConnError::Credit(CreditError::Sequence { expected: 1, got: 5 })
     ));
+}
+
+/// A peer that claims a large window of small messages cannot spend it on
+/// large ones: each frame costs a credit per 4 KiB begun past its first, so
+/// the bytes it can make the listener hold are bounded by the window times
+/// the unit, and the frame past that is an overrun.
+#[test]
+fn credits_bound_the_bytes_a_peer_can_park() {
+    let zc = zc();
+    let (listener, addr) = listen(&zc);
+    let (mut bad, server, hello) = handshaken_hello(&listener, addr, 8);
+    let unit = u64::from(hello.credit_unit);
+    let payload = vec![7u8; 64 << 10];
+    let cost = 1 + payload.len() as u64 / unit;
+    let fit = u64::from(hello.window) / cost;
+    assert!(fit >= 2, "the window holds two of the largest frames: {hello:?}");
+    for seq in 0..=fit {
+        bad.write_all(&data(seq as u32, &payload)).expect("write");
+    }
+    let mut held = Vec::new();
+    let err = loop {
+        match server.recv_timeout(Duration::from_secs(5)) {
+            // Hold every buffer: no credit goes back.
+            Ok(m) => held.push(m),
+            Err(RecvError::Failed(e)) => break e,
+            Err(e) => panic!("expected an overrun, got {e}"),
+        }
+    };
+    assert_eq!(held.len() as u64, fit, "the frames within the window are delivered first");
+    let bytes: usize = held.iter().map(|m| m.len()).sum();
+    assert!(bytes as u64 <= u64::from(hello.window) * unit, "{bytes} bytes held past the window's budget");
+    assert!(matches!(err, ConnError::Credit(CreditError::Overrun { .. })), "{err}");
+    assert_eq!(err.kind(), ErrorKind::Protocol);
+    drop(held);
+    check_good_peer(&zc, &listener);
 }
 
 proptest! {

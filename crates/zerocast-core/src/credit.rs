@@ -6,6 +6,16 @@
 //! every outgoing frame, or in an explicit credit frame once half the window
 //! is owed.
 //!
+//! **Weighted credits.** A receiver whose buffers are sized to each message
+//! (a byte stream's, which copies into pool buffers) announces a *credit
+//! unit* of `u` bytes instead: a data frame of `len` bytes then takes
+//! [`cost`]`(len, u) = 1 + len / u` credits, so the window bounds the bytes
+//! in flight as well as the messages. Small messages take one credit each,
+//! and a window of many credits lets many of them fly, while a large one
+//! takes its share of the same budget. Unit 0 is one credit per frame (a
+//! posted buffer per message, RDMA's). Control and credit frames always
+//! take one. Each direction uses its receiver's unit.
+//!
 //! The last credit is reserved for credit frames: data may only be sent
 //! while at least two credits remain. So a side whose window is nearly empty
 //! can always still tell its peer about freed buffers, and two peers can
@@ -32,6 +42,28 @@ use crate::frame::{FrameKind, Header};
 pub const MIN_WINDOW: u32 = 3;
 /// The largest window: credit counts travel in a `u16`.
 pub const MAX_WINDOW: u32 = u16::MAX as u32;
+/// The smallest nonzero credit unit, in bytes.
+pub const MIN_UNIT: u32 = 1024;
+
+/// Credits a data frame of `len` payload bytes takes from a receiver whose
+/// credit unit is `unit` bytes (0: one credit per frame). Saturates at
+/// `u32::MAX`, which no window holds.
+pub fn cost(len: u64, unit: u32) -> u32 {
+    match unit {
+        0 => 1,
+        u => u32::try_from(1 + len / u64::from(u)).unwrap_or(u32::MAX),
+    }
+}
+
+/// The smallest window that lets a receiver with credit unit `unit` take
+/// frames of up to `max_payload` bytes without ever stalling its sender:
+/// the largest frame's credits must be at most half the window. A sender
+/// short of a frame's credits then has at least half the window
+/// outstanding, which, once delivered and released, is enough owed for a
+/// credit frame (see [`Credits::wants_credit_frame`]).
+pub fn min_window(max_payload: u64, unit: u32) -> u32 {
+    cost(max_payload, unit).saturating_mul(2).max(MIN_WINDOW)
+}
 
 /// No credit for a data frame is available: the peer has no free receive
 /// buffer for it. Try again once credits arrive.
@@ -39,11 +71,12 @@ pub const MAX_WINDOW: u32 = u16::MAX as u32;
 #[error("blocked: no credit (the peer has no free receive buffer)")]
 pub struct Blocked;
 
-/// A credit taken by [`Credits::reserve`]. Hand it to [`Credits::commit`] when
-/// the frame is written, or to [`Credits::cancel`] if it never will be.
+/// Credits taken by [`Credits::reserve`] (one) or [`Credits::reserve_for`]
+/// (a frame's cost). Hand it to [`Credits::commit`] when the frame is
+/// written, or to [`Credits::cancel`] if it never will be.
 #[derive(Debug, PartialEq, Eq)]
 #[must_use = "a reservation holds a credit; commit or cancel it"]
-pub struct Reservation(());
+pub struct Reservation(u32);
 
 /// What goes into the header of a frame about to be written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,8 +101,11 @@ pub enum CreditError {
     /// A window outside `MIN_WINDOW..=MAX_WINDOW`.
     #[error("credit window {0} out of range {MIN_WINDOW}..={MAX_WINDOW}")]
     BadWindow(u32),
+    /// A credit unit neither 0 nor at least [`MIN_UNIT`].
+    #[error("credit unit {0} must be 0 (one credit per frame) or at least {MIN_UNIT} bytes")]
+    BadUnit(u32),
     /// The peer sent a frame while it had no credit.
-    #[error("peer overran its credit window of {window} receive buffers")]
+    #[error("peer overran its credit window of {window} credits")]
     Overrun {
         /// Our window.
         window: u32,
@@ -115,10 +151,12 @@ pub struct CreditStats {
 pub struct Credits {
     // Send direction: the peer's receive buffers.
     peer_window: u32,
+    peer_unit: u32,
     avail: u32,
     next_tx_seq: u32,
     // Receive direction: our receive buffers.
     window: u32,
+    unit: u32,
     held: u32,
     owed: u32,
     threshold: u32,
@@ -131,18 +169,34 @@ pub struct Credits {
 
 impl Credits {
     /// A connection whose side has posted `local_window` receive buffers and
-    /// whose peer announced `peer_window` in the handshake.
+    /// whose peer announced `peer_window` in the handshake: one credit per
+    /// frame both ways.
     pub fn new(local_window: u32, peer_window: u32) -> Result<Self, CreditError> {
+        Self::weighted((local_window, 0), (peer_window, 0))
+    }
+
+    /// A connection with weighted credits (see the module docs): `local`
+    /// is this side's window and credit unit, `peer` the peer's, as the
+    /// handshake announced them.
+    pub fn weighted(local: (u32, u32), peer: (u32, u32)) -> Result<Self, CreditError> {
+        let ((local_window, unit), (peer_window, peer_unit)) = (local, peer);
         for w in [local_window, peer_window] {
             if !(MIN_WINDOW..=MAX_WINDOW).contains(&w) {
                 return Err(CreditError::BadWindow(w));
             }
         }
+        for u in [unit, peer_unit] {
+            if u != 0 && u < MIN_UNIT {
+                return Err(CreditError::BadUnit(u));
+            }
+        }
         Ok(Self {
             peer_window,
+            peer_unit,
             avail: peer_window,
             next_tx_seq: 0,
             window: local_window,
+            unit,
             held: 0,
             owed: 0,
             threshold: local_window.div_ceil(2).max(2),
@@ -152,27 +206,41 @@ impl Credits {
         })
     }
 
-    /// Take a credit for one data frame, keeping the last one for credit frames.
+    /// Take a credit for one data frame of at most one credit unit (an
+    /// empty one, say), keeping the last one for credit frames.
     pub fn reserve(&mut self) -> Result<Reservation, Blocked> {
-        if self.avail >= 2 {
-            self.avail -= 1;
-            Ok(Reservation(()))
+        self.reserve_for(0)
+    }
+
+    /// Take the credits of a data frame of `len` payload bytes (one, unless
+    /// the peer weighs them), keeping the last one for credit frames.
+    #[inline]
+    pub fn reserve_for(&mut self, len: u64) -> Result<Reservation, Blocked> {
+        let n = cost(len, self.peer_unit);
+        if self.avail > n {
+            self.avail -= n;
+            Ok(Reservation(n))
         } else {
             self.stats.blocked += 1;
             Err(Blocked)
         }
     }
 
+    /// Whether a data frame of `len` bytes would be [`Blocked`] now.
+    pub fn is_blocked_for(&self, len: u64) -> bool {
+        self.avail <= cost(len, self.peer_unit)
+    }
+
     /// Give back a reservation whose frame will never be sent.
     pub fn cancel(&mut self, r: Reservation) {
-        let Reservation(()) = r;
-        self.avail += 1;
+        let Reservation(n) = r;
+        self.avail += n;
     }
 
     /// Stamp a reserved data frame as it is written: its sequence number and
     /// every credit owed to the peer.
     pub fn commit(&mut self, r: Reservation) -> Stamp {
-        let Reservation(()) = r;
+        let Reservation(_) = r;
         self.stats.data_sent += 1;
         self.stamp()
     }
@@ -182,7 +250,7 @@ impl Credits {
     /// immediate, whose 32-bit immediate is the application's. Owed credits
     /// stay owed for a later frame.
     pub fn commit_bare(&mut self, r: Reservation) -> Stamp {
-        let Reservation(()) = r;
+        let Reservation(_) = r;
         self.stats.data_sent += 1;
         let seq = self.next_tx_seq;
         self.next_tx_seq = seq.wrapping_add(1);
@@ -264,7 +332,8 @@ impl Credits {
         if h.seq != self.next_rx_seq {
             return Err(CreditError::Sequence { expected: self.next_rx_seq, got: h.seq });
         }
-        if self.held + self.owed >= self.window {
+        let n = if h.kind.holds_buffer() { self.cost_of(h.len) } else { 1 };
+        if u64::from(self.held) + u64::from(self.owed) + u64::from(n) > u64::from(self.window) {
             return Err(CreditError::Overrun { window: self.window });
         }
         let outstanding = self.peer_window - self.avail;
@@ -274,7 +343,7 @@ impl Credits {
         self.next_rx_seq = self.next_rx_seq.wrapping_add(1);
         self.avail += u32::from(h.credits);
         if h.kind.holds_buffer() {
-            self.held += 1;
+            self.held += n;
             self.stats.data_received += 1;
         } else {
             self.owed += 1;
@@ -284,19 +353,21 @@ impl Credits {
     }
 
     /// The application released (or the backend reposted) one received data
-    /// buffer. Returns whether a credit frame is now due.
+    /// buffer of one credit. Returns whether a credit frame is now due.
     pub fn release(&mut self) -> Result<bool, CreditError> {
-        if self.held == 0 {
-            return Err(CreditError::ReleaseUnderflow);
-        }
-        self.held -= 1;
-        self.owed += 1;
-        Ok(self.wants_credit_frame())
+        self.release_many(1)
     }
 
-    /// The application released `n` received data buffers at once (a
-    /// batch of [`Credits::release`]s, all or none). Returns whether a
-    /// credit frame is now due.
+    /// Credits a received data frame of `len` bytes took (and gives back
+    /// when released): [`cost`] at this side's unit.
+    #[inline]
+    pub fn cost_of(&self, len: u64) -> u32 {
+        cost(len, self.unit)
+    }
+
+    /// The application released received data frames worth `n` credits
+    /// at once (each frame's [`Credits::cost_of`], summed; all or none).
+    /// Returns whether a credit frame is now due.
     pub fn release_many(&mut self, n: u32) -> Result<bool, CreditError> {
         if self.held < n {
             return Err(CreditError::ReleaseUnderflow);
@@ -311,17 +382,17 @@ impl Credits {
         self.avail.saturating_sub(1)
     }
 
-    /// Whether a data frame would be [`Blocked`] now.
+    /// Whether a data frame of one credit would be [`Blocked`] now.
     pub fn is_blocked(&self) -> bool {
         self.avail < 2
     }
 
-    /// Frames sent whose buffer the peer has not yet returned.
+    /// Credits of frames sent that the peer has not yet returned.
     pub fn outstanding(&self) -> u32 {
         self.peer_window - self.avail
     }
 
-    /// Received data frames the application still holds.
+    /// Credits of received data frames the application still holds.
     pub fn held(&self) -> u32 {
         self.held
     }
@@ -334,6 +405,16 @@ impl Credits {
     /// Our receive window.
     pub fn window(&self) -> u32 {
         self.window
+    }
+
+    /// Our credit unit (0: one credit per frame).
+    pub fn unit(&self) -> u32 {
+        self.unit
+    }
+
+    /// The peer's credit unit (0: one credit per frame).
+    pub fn peer_unit(&self) -> u32 {
+        self.peer_unit
     }
 
     /// The peer's receive window.

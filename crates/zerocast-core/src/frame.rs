@@ -20,8 +20,8 @@ pub const MAGIC: u8 = 0x5A;
 /// Wire protocol version carried in every header and in the handshake: a
 /// peer of another version is refused at the handshake. 2: an RC data
 /// frame carries its header in the send's immediate, not in front of the
-/// payload.
-pub const VERSION: u8 = 2;
+/// payload. 3: the hello carries a credit unit (weighted credits).
+pub const VERSION: u8 = 3;
 
 /// What a frame carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

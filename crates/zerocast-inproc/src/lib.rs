@@ -199,6 +199,7 @@ impl zerocast_core::Transport for MemTransport {
             pool: self.pool.clone(),
             peer: ep.clone(),
             repost: false,
+            credit_unit: 0,
         })
         .map_err(handshake)?;
         let (s_link, s_driver, _) = zerocast_link::new(LinkSetup {
@@ -207,6 +208,7 @@ impl zerocast_core::Transport for MemTransport {
             pool: self.pool.clone(),
             peer: peer_of_server.clone(),
             repost: false,
+            credit_unit: 0,
         })
         .map_err(|e| {
             // The listener's side refused the connector's hello.

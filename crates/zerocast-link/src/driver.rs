@@ -260,8 +260,8 @@ impl Driver {
                     return Err(self.fail(ConnError::Unsupported("payload-less data")));
                 };
                 if st.receiver_gone {
+                    let _ = st.credits.release_many(self.shared.cost_of(buf.len()));
                     drop(buf);
-                    let _ = st.credits.release();
                 } else if let Err(d) = handoff::offer(&self.shared, Delivery::Msg(buf, imm)) {
                     if self.shared.push_delivery(d).is_err() {
                         // Credits make this impossible; a full queue means
@@ -293,7 +293,7 @@ impl Driver {
     /// A released receive buffer was reposted (backends created with
     /// `repost`): return its credit to the peer.
     pub fn on_reposted(&self) {
-        self.shared.release_one();
+        self.shared.release(1);
     }
 
     /// The peer's stream ended at a frame boundary. After the peer's

@@ -43,6 +43,7 @@
 //!     pool: pool.clone(),
 //!     peer: Endpoint::parse("tcp://192.0.2.1:7000")?,
 //!     repost: false,
+//!     credit_unit: 0,
 //! };
 //! let (link, driver, _) = zerocast_link::new(setup)?;
 //!
@@ -115,6 +116,10 @@ pub struct LinkSetup {
     /// Received buffers go back to the backend for reposting (RDMA) instead
     /// of to the pool (stream transports).
     pub repost: bool,
+    /// Bytes per credit this side charges for a data frame, as its hello
+    /// announced (see [`zerocast_core::credit::cost`]); 0: one credit per
+    /// frame, which a reposting backend must use.
+    pub credit_unit: u32,
 }
 
 /// Released receive buffers on their way back to a reposting backend
@@ -128,17 +133,26 @@ pub type Reposts = crossbeam_channel::Receiver<Option<Buf>>;
 /// backend reposts it and then calls [`Driver::on_reposted`], which is what
 /// returns the credit.
 pub fn new(setup: LinkSetup) -> Result<(Link, Driver, Option<Reposts>), ConnError> {
-    let credits = Credits::new(setup.config.recv_window, setup.peer_hello.window)?;
+    if setup.repost && setup.credit_unit != 0 {
+        return Err(ConnError::Unsupported("weighted credits on a backend that reposts its buffers"));
+    }
+    let credits = Credits::weighted(
+        (setup.config.recv_window, setup.credit_unit),
+        (setup.peer_hello.window, setup.peer_hello.credit_unit),
+    )?;
     let max_message = setup.config.max_payload.min(setup.peer_hello.max_payload) as usize;
     let (shared, reposts) = shared::Shared::new(setup, credits, max_message);
     let driver = Driver::new(Arc::new(shared));
     Ok((Link::new(driver.reader()), driver, reposts))
 }
 
-/// The hello this side sends for `config`, with receive buffers of `buf_size`.
+/// The hello this side sends for `config`, with receive buffers of
+/// `buf_size` and one credit per frame (a weighing backend sets
+/// [`Hello::credit_unit`] on it).
 pub fn hello_for(config: &LinkConfig, buf_size: usize) -> Hello {
     Hello {
         window: config.recv_window,
+        credit_unit: 0,
         max_payload: config.max_payload,
         recv_buf_size: u32::try_from(buf_size).unwrap_or(u32::MAX),
         heartbeat_ms: config.heartbeat_ms(),
@@ -157,6 +171,7 @@ pub(crate) fn test_link() -> (Link, Driver, zerocast_mem::Pool) {
         pool: pool.clone(),
         peer: zerocast_core::Endpoint::parse("tcp://127.0.0.1:1").unwrap(),
         repost: false,
+        credit_unit: 0,
     };
     let (link, driver, _) = new(setup).unwrap();
     (link, driver, pool)

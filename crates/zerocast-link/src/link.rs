@@ -35,10 +35,15 @@ pub struct LinkStats {
     pub credits: CreditStats,
     /// Credits available for data now.
     pub available: u32,
-    /// Frames sent and not yet returned by the peer.
+    /// Credits of frames sent and not yet returned by the peer.
     pub outstanding: u32,
-    /// Received messages the application holds.
+    /// Credits of received messages the application holds.
     pub held: u32,
+    /// The peer's credit window, as its hello announced it.
+    pub peer_window: u32,
+    /// Bytes per credit the peer charges for a message (0: one credit per
+    /// message; see [`zerocast_core::credit::cost`]).
+    pub peer_credit_unit: u32,
     /// Messages delivered and not yet taken by `recv`.
     pub queued: usize,
     /// Data frames the sending thread wrote itself, with no hand-off to
@@ -97,15 +102,15 @@ impl Link {
         self.send_inner(buf, None, 0)
     }
 
-    /// Whether a send would find credit (or an error) now, for a task:
-    /// `Ready` if the peer has a free receive buffer for us, or the
+    /// Whether a send of a message of `len` bytes would find credit (or an
+    /// error) now, for a task: `Ready` if the peer has room for it, or the
     /// connection is closed or failed (a send then says which); otherwise
     /// `Pending`, the task to be woken when credit comes or the connection
     /// ends. A task whose [`Link::try_send`] returned `Full` calls this,
     /// and tries again on `Ready`.
-    pub fn poll_credit(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+    pub fn poll_credit(&self, len: usize, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
         let mut st = self.shared.lock();
-        if !st.credits.is_blocked() || st.failed.is_some() || st.local_closed {
+        if !st.credits.is_blocked_for(len as u64) || st.failed.is_some() || st.local_closed {
             return std::task::Poll::Ready(());
         }
         self.shared.fold_releases(&mut st);
@@ -159,7 +164,7 @@ impl Link {
             if st.local_closed {
                 return Err(SendError::Disconnected(buf));
             }
-            match st.credits.reserve() {
+            match st.credits.reserve_for(buf.len() as u64) {
                 Ok(r) => break r,
                 Err(_) => match wait {
                     // No credit: read the backend's source once on this
@@ -184,7 +189,7 @@ impl Link {
                         if deadline.is_some_and(|d| now >= d) {
                             return Err(SendError::Timeout(buf));
                         }
-                        st = self.await_credit(st, now, deadline, &mut source_done);
+                        st = self.await_credit(st, buf.len(), now, deadline, &mut source_done);
                     }
                 },
             }
@@ -226,7 +231,8 @@ impl Link {
         }
     }
 
-    /// Wait for credit until `deadline`, with `st` locked at `now`.
+    /// Wait for the credits of a message of `len` bytes until `deadline`,
+    /// with `st` locked at `now`.
     ///
     /// A connection whose backend lets any thread read it (see
     /// [`crate::Source`]) is read on this thread, as a receive would: the
@@ -236,6 +242,7 @@ impl Link {
     fn await_credit<'a>(
         &'a self,
         mut st: MutexGuard<'a, State>,
+        len: usize,
         now: Instant,
         deadline: Option<Instant>,
         source_done: &mut bool,
@@ -256,7 +263,7 @@ impl Link {
             now + Duration::from_millis(100)
         };
         let until = deadline.map_or(slice, |d| d.min(slice));
-        let pumped = self.reader.pump_as(Some(until), false, Awaited::Credit);
+        let pumped = self.reader.pump_as(Some(until), false, Awaited::Credit(len as u64));
         if pumped.is_none() {
             self.shared.unclaim();
         }
@@ -270,7 +277,7 @@ impl Link {
             // Another thread reads: its frames wake this one (and should
             // it stop reading first, the engine reads on: the claim ended
             // above).
-            None if st.credits.is_blocked() && st.failed.is_none() && !st.local_closed => {
+            None if st.credits.is_blocked_for(len as u64) && st.failed.is_none() && !st.local_closed => {
                 self.shared.wait_cv(st, Some(until.saturating_duration_since(Instant::now())))
             }
             None => st,
@@ -688,6 +695,8 @@ impl Link {
             available: st.credits.available(),
             outstanding: st.credits.outstanding(),
             held: st.credits.held(),
+            peer_window: st.credits.peer_window(),
+            peer_credit_unit: st.credits.peer_unit(),
             queued: self.shared.delivered.len(),
             direct_sends: st.direct_sends,
         }

@@ -13,7 +13,16 @@
 //! sequentially consistent, either the consumer's second look finds the
 //! item or the producer sees the sleeper, and notifies it under the lock
 //! the sleeper holds until it waits.
+//!
+//! Memory follows use, not the bound: the first [`FAST`] items live in a
+//! lock-free ring allocated up front; beyond that, items queue in a spill
+//! list behind it, which grows only while a backlog lasts (and keeps its
+//! allocation for the next one). A connection with a window of thousands
+//! of small messages costs no more than one of 64 until it uses it. While
+//! the spill holds items, every push goes there, so the ring's items are
+//! always older than the spill's and each producer's items stay in order.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::Instant;
@@ -30,10 +39,19 @@ pub(crate) enum PushError<T> {
     Closed(T),
 }
 
+/// Items held in the lock-free ring; more go to the spill list.
+pub(crate) const FAST: usize = 64;
+
 /// A bounded multi-producer, multi-consumer queue whose consumers may wait.
 #[derive(Debug)]
 pub(crate) struct Queue<T> {
     items: ArrayQueue<T>,
+    /// Items behind the ring's, in order (see the module docs).
+    spill: Mutex<VecDeque<T>>,
+    /// Items in `spill`: while nonzero, pushes go there.
+    spilled: AtomicUsize,
+    /// Most items queued at once.
+    cap: usize,
     /// Consumers about to sleep, or sleeping, in [`Queue::pop`].
     sleepers: AtomicUsize,
     /// The consumers are gone: pushes fail.
@@ -45,8 +63,12 @@ pub(crate) struct Queue<T> {
 impl<T> Queue<T> {
     /// A queue of at most `cap` items (at least one).
     pub(crate) fn new(cap: usize) -> Self {
+        let cap = cap.max(1);
         Self {
-            items: ArrayQueue::new(cap.max(1)),
+            items: ArrayQueue::new(cap.min(FAST)),
+            spill: Mutex::new(VecDeque::new()),
+            spilled: AtomicUsize::new(0),
+            cap,
             sleepers: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             lock: Mutex::new(()),
@@ -59,7 +81,11 @@ impl<T> Queue<T> {
         if self.closed.load(Ordering::Acquire) {
             return Err(PushError::Closed(item));
         }
-        self.items.push(item).map_err(PushError::Full)?;
+        let item =
+            if self.spilled.load(Ordering::Acquire) == 0 { self.items.push(item).err() } else { Some(item) };
+        if let Some(item) = item {
+            self.push_spill(item)?;
+        }
         // Orders the push before the read of `sleepers` (see the module docs).
         fence(Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) > 0 {
@@ -72,9 +98,35 @@ impl<T> Queue<T> {
         Ok(())
     }
 
+    /// Queue `item` behind the ring (full, or already behind a spill).
+    #[cold]
+    fn push_spill(&self, item: T) -> Result<(), PushError<T>> {
+        let mut spill = self.spill.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.items.len() + spill.len() >= self.cap {
+            return Err(PushError::Full(item));
+        }
+        spill.push_back(item);
+        self.spilled.store(spill.len(), Ordering::Release);
+        Ok(())
+    }
+
     /// The front item, if any, without waiting.
+    #[inline]
     pub(crate) fn try_pop(&self) -> Option<T> {
-        self.items.pop()
+        match self.items.pop() {
+            Some(item) => Some(item),
+            None if self.spilled.load(Ordering::Acquire) > 0 => self.pop_spill(),
+            None => None,
+        }
+    }
+
+    /// The spill's front item: the ring is empty, so it is the oldest.
+    #[cold]
+    fn pop_spill(&self) -> Option<T> {
+        let mut spill = self.spill.lock().unwrap_or_else(PoisonError::into_inner);
+        let item = spill.pop_front();
+        self.spilled.store(spill.len(), Ordering::Release);
+        item
     }
 
     /// The front item, waiting for one until `deadline` (`None`: forever).
@@ -85,7 +137,7 @@ impl<T> Queue<T> {
         // side a system call.
         let backoff = Backoff::new();
         loop {
-            if let Some(item) = self.items.pop() {
+            if let Some(item) = self.try_pop() {
                 return Some(item);
             }
             if backoff.is_completed() {
@@ -96,7 +148,7 @@ impl<T> Queue<T> {
         let mut g = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         let item = loop {
-            if let Some(item) = self.items.pop() {
+            if let Some(item) = self.try_pop() {
                 break Some(item);
             }
             g = match deadline {
@@ -116,12 +168,12 @@ impl<T> Queue<T> {
 
     /// Items queued now.
     pub(crate) fn len(&self) -> usize {
-        self.items.len()
+        self.items.len() + self.spilled.load(Ordering::Acquire)
     }
 
     /// Whether no item is queued now.
     pub(crate) fn is_empty(&self) -> bool {
-        self.items.is_empty()
+        self.items.is_empty() && self.spilled.load(Ordering::Acquire) == 0
     }
 
     /// The consumers are gone: later pushes fail with
@@ -154,6 +206,35 @@ mod tests {
     }
 
     #[test]
+    fn a_queue_past_its_ring_spills_in_order_up_to_its_bound() {
+        let cap = FAST * 3 + 5;
+        let q = Queue::new(cap);
+        for round in 0..3 {
+            for i in 0..cap {
+                assert_eq!(q.push(i), Ok(()), "round {round}: item {i}");
+            }
+            assert_eq!(q.push(cap), Err(PushError::Full(cap)));
+            assert_eq!(q.len(), cap);
+            // Half out, then more in while the spill still holds items:
+            // they queue behind it.
+            let mut next = 0;
+            for _ in 0..cap / 2 {
+                assert_eq!(q.try_pop(), Some(next));
+                next += 1;
+            }
+            for i in cap..cap + cap / 2 {
+                assert_eq!(q.push(i), Ok(()));
+            }
+            while let Some(x) = q.try_pop() {
+                assert_eq!(x, next, "round {round}: out of order");
+                next += 1;
+            }
+            assert_eq!(next, cap + cap / 2);
+            assert!(q.is_empty());
+        }
+    }
+
+    #[test]
     fn pop_times_out_at_its_deadline() {
         let q: Queue<u32> = Queue::new(1);
         let t0 = Instant::now();
@@ -162,12 +243,22 @@ mod tests {
         assert_eq!(q.pop(Some(t0)), None, "a past deadline does not wait");
     }
 
-    /// Two producers, two sleeping consumers, a queue much smaller than
-    /// the traffic: every item arrives exactly once, none is stranded.
     #[test]
     fn no_item_is_lost_or_stranded() {
+        no_item_is_lost_or_stranded_at(4);
+    }
+
+    #[test]
+    fn no_item_is_lost_or_stranded_past_the_ring() {
+        no_item_is_lost_or_stranded_at(FAST + 3);
+    }
+
+    /// Two producers, two sleeping consumers, a queue of `cap` much smaller
+    /// than the traffic: every item arrives exactly once, none is
+    /// stranded, and each consumer sees each producer's items in order.
+    fn no_item_is_lost_or_stranded_at(cap: usize) {
         const PER: u64 = 20_000;
-        let q = Arc::new(Queue::new(4));
+        let q = Arc::new(Queue::new(cap));
         let consumers: Vec<_> = (0..2)
             .map(|_| {
                 let q = q.clone();
@@ -211,7 +302,14 @@ mod tests {
                 thread::yield_now();
             }
         }
-        let mut all: Vec<u64> = consumers.into_iter().flat_map(|c| c.join().unwrap()).collect();
+        let got: Vec<Vec<u64>> = consumers.into_iter().map(|c| c.join().unwrap()).collect();
+        for items in &got {
+            for p in 0..2 {
+                let mine: Vec<u64> = items.iter().copied().filter(|x| x / PER == p).collect();
+                assert!(mine.windows(2).all(|w| w[0] < w[1]), "producer {p}'s items out of order");
+            }
+        }
+        let mut all: Vec<u64> = got.into_iter().flatten().collect();
         all.sort_unstable();
         assert_eq!(all, (0..2 * PER).collect::<Vec<_>>());
     }

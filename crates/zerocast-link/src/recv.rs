@@ -11,20 +11,24 @@ use crate::shared::Shared;
 /// A received message. It is the receive buffer itself, not a copy.
 ///
 /// Dropping it returns the buffer (to the pool, or to the backend to be
-/// reposted) and, with that, one credit to the peer.
+/// reposted) and, with that, its credits to the peer.
 pub struct RecvBuf {
     buf: Option<Buf>,
     shared: Arc<Shared>,
     immediate: Option<u32>,
+    /// Credits the message took, given back with it.
+    cost: u32,
 }
 
 impl RecvBuf {
     pub(crate) fn new(buf: Buf, shared: Arc<Shared>) -> Self {
-        Self { buf: Some(buf), shared, immediate: None }
+        Self::with_immediate(buf, shared, None)
     }
 
+    #[inline]
     pub(crate) fn with_immediate(buf: Buf, shared: Arc<Shared>, immediate: Option<u32>) -> Self {
-        Self { buf: Some(buf), shared, immediate }
+        let cost = shared.cost_of(buf.len());
+        Self { buf: Some(buf), shared, immediate, cost }
     }
 
     /// The immediate value, if this message is the notification of an RDMA
@@ -44,7 +48,7 @@ impl RecvBuf {
     /// cart); [`ReleaseToken::release`] does what dropping a `RecvBuf` does.
     pub fn into_parts(mut self) -> (Buf, ReleaseToken) {
         let buf = self.buf.take().expect("present until drop");
-        (buf, ReleaseToken { shared: Some(self.shared.clone()) })
+        (buf, ReleaseToken { shared: Some(self.shared.clone()), cost: self.cost })
     }
 }
 
@@ -57,13 +61,15 @@ impl RecvBuf {
 #[must_use = "release the buffer with ReleaseToken::release"]
 pub struct ReleaseToken {
     shared: Option<Arc<Shared>>,
+    /// The credits of the message the token stands for.
+    cost: u32,
 }
 
 impl ReleaseToken {
     /// Give the buffer back, exactly as dropping its `RecvBuf` would.
     pub fn release(mut self, buf: Buf) {
         if let Some(shared) = self.shared.take() {
-            drop(RecvBuf::new(buf, shared));
+            shared.give_back(buf, self.cost);
         }
     }
 }
@@ -76,7 +82,7 @@ impl Drop for ReleaseToken {
                 Some(tx) => {
                     let _ = tx.try_send(None);
                 }
-                None => shared.release_one(),
+                None => shared.release(self.cost),
             }
         }
     }
@@ -98,7 +104,7 @@ impl AsRef<[u8]> for RecvBuf {
 impl Drop for RecvBuf {
     fn drop(&mut self) {
         if let Some(buf) = self.buf.take() {
-            self.shared.give_back(buf);
+            self.shared.give_back(buf, self.cost);
         }
     }
 }

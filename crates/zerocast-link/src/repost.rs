@@ -78,6 +78,7 @@ mod tests {
             pool,
             peer: Endpoint::parse("rc://127.0.0.1:1").unwrap(),
             repost: true,
+            credit_unit: 0,
         };
         let (link, driver, reposts) = crate::new(setup).unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));

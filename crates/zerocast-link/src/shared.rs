@@ -89,6 +89,9 @@ pub(crate) struct Shared {
     pub(crate) max_message: usize,
     pub(crate) max_batch: usize,
     pub(crate) max_payload: u64,
+    /// This side's credit unit (see [`zerocast_core::credit::cost`]): what
+    /// a received message gives back when it is released.
+    pub(crate) credit_unit: u32,
     /// The connection's heartbeat interval, if heartbeats are on.
     pub(crate) heartbeat: Option<Duration>,
     /// The backend's write path, when sending threads may drive it.
@@ -141,8 +144,8 @@ pub(crate) struct Shared {
     /// The source's wait watches a credit waiter's interrupt (see
     /// [`crate::Driver::watches_interrupt`]).
     pub(crate) interrupt_watched: AtomicBool,
-    /// Received buffers released and not yet told to the credit machine
-    /// (see [`Shared::release_one`]).
+    /// Credits of received buffers released and not yet told to the credit
+    /// machine (see [`Shared::release`]).
     released: AtomicU32,
     /// Releases folded into the credit machine at once, at most.
     release_batch: u32,
@@ -195,6 +198,7 @@ impl Shared {
             max_message,
             max_batch: setup.config.max_batch,
             max_payload: setup.config.max_payload,
+            credit_unit: setup.credit_unit,
             heartbeat,
             wire: Hook::default(),
             source: Hook::default(),
@@ -324,19 +328,27 @@ impl Shared {
         }
     }
 
-    /// A received buffer was released: repost it (a reposting backend) or
-    /// return it to the pool, and return its credit.
-    pub(crate) fn give_back(self: &Arc<Self>, buf: Buf) {
+    /// The credits a received message of `len` bytes holds until it is
+    /// released.
+    #[inline]
+    pub(crate) fn cost_of(&self, len: usize) -> u32 {
+        zerocast_core::credit::cost(len as u64, self.credit_unit)
+    }
+
+    /// A received buffer that held `cost` credits was released: repost it
+    /// (a reposting backend, whose buffers hold one credit each) or return
+    /// it to the pool, and return its credits.
+    pub(crate) fn give_back(self: &Arc<Self>, buf: Buf, cost: u32) {
         let Some(tx) = &self.reposts else {
             drop(buf);
-            self.release_one();
+            self.release(cost);
             return;
         };
         let buf = match self.reposter.0.get() {
             None => buf,
             Some(hook) => match hook.repost(buf) {
                 Reposted::Later(buf) => buf,
-                Reposted::Posted => return self.release_one(),
+                Reposted::Posted => return self.release(1),
                 Reposted::Closing => return,
                 Reposted::Failed(e) => return self.fail(&mut self.lock(), e),
             },
@@ -348,10 +360,11 @@ impl Shared {
         self.wake_engine();
     }
 
-    /// One received buffer was released (or reposted): return its credit.
+    /// A received buffer was released (or reposted): return its `n`
+    /// credits (one, unless this side weighs them).
     ///
     /// Counted in `released`, and folded into the credit machine (under the
-    /// state lock) a batch at a time: when [`Shared::release_batch`] are
+    /// state lock) a batch at a time: when [`Shared::release_batch`] credits are
     /// pending, or nothing more is queued for the application, which then
     /// may wait for the peer. Every thread that stamps frames or waits
     /// folds first ([`Shared::fold_releases`]), so a pending credit never
@@ -361,8 +374,8 @@ impl Shared {
     /// thread itself when the wire is free: a system call on this thread
     /// rather than a wake-up of the engine's, which a busy-polling
     /// receiver may keep from a core.
-    pub(crate) fn release_one(self: &Arc<Self>) {
-        let pending = self.released.fetch_add(1, Ordering::AcqRel) + 1;
+    pub(crate) fn release(self: &Arc<Self>, n: u32) {
+        let pending = self.released.fetch_add(n, Ordering::AcqRel) + n;
         if pending >= self.release_batch || self.delivered.is_empty() {
             self.return_credits_here();
         }
@@ -485,6 +498,7 @@ pub(crate) mod tests {
             pool: Pool::unregistered(PoolConfig::default()).unwrap(),
             peer: Endpoint::parse("tcp://127.0.0.1:1").unwrap(),
             repost: false,
+            credit_unit: 0,
         };
         let (link, driver, _) = crate::new(setup).unwrap();
         (link, driver)

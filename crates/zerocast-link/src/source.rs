@@ -27,8 +27,8 @@ pub(crate) enum Awaited {
     Nothing,
     /// A message for the application.
     Message,
-    /// Credit to send.
-    Credit,
+    /// Credit to send a message of this many bytes.
+    Credit(u64),
 }
 
 /// What one [`Source::pump`] did.
@@ -218,7 +218,7 @@ impl Driver {
             // A thread about to wait for credit is registered first, then
             // looks: a close after the look rings it (see `interrupt`).
             let _waiting = match awaited {
-                Awaited::Credit
+                Awaited::Credit(_)
                     if until.is_some() && self.shared.interrupt_watched.load(Ordering::Relaxed) =>
                 {
                     CreditWait::enter(&self.shared)
@@ -258,9 +258,9 @@ impl Driver {
         match awaited {
             Awaited::Nothing => false,
             Awaited::Message => !self.shared.delivered.is_empty(),
-            Awaited::Credit => {
+            Awaited::Credit(len) => {
                 let st = self.shared.lock();
-                !st.credits.is_blocked() || st.failed.is_some() || st.local_closed
+                !st.credits.is_blocked_for(len) || st.failed.is_some() || st.local_closed
             }
         }
     }

@@ -226,7 +226,9 @@ impl Connection {
         let mut cx = std::task::Context::from_waker(waker);
         loop {
             match self.try_send(buf) {
-                Err(SendError::Full(back)) if self.link().poll_credit(&mut cx).is_ready() => buf = back,
+                Err(SendError::Full(back)) if self.link().poll_credit(back.len(), &mut cx).is_ready() => {
+                    buf = back
+                }
                 r => return r,
             }
         }

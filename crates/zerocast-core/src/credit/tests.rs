@@ -14,6 +14,10 @@ struct Side {
     to_send: u64,
     /// Data frames delivered and not yet read by the application.
     unread: u32,
+    /// The credits of each of them, oldest first.
+    unread_costs: VecDeque<u32>,
+    /// Payload sizes of the frames this side sends, in turn.
+    sizes: Vec<u64>,
     /// Data frames read by the application.
     read: u64,
     /// Credits returned to this side, summed over its life.
@@ -69,10 +73,18 @@ fn step() -> impl Strategy<Value = Step> {
 
 impl Pair {
     fn new(w: [u32; 2], to_send: [u64; 2]) -> Self {
+        Self::weighted(w, [0, 0], [vec![8], vec![8]], to_send)
+    }
+
+    /// Sides with windows `w` and credit units `units`, sending frames of
+    /// `sizes` in turn.
+    fn weighted(w: [u32; 2], units: [u32; 2], sizes: [Vec<u64>; 2], to_send: [u64; 2]) -> Self {
         let side = |i: usize| Side {
-            credits: Credits::new(w[i], w[1 - i]).unwrap(),
+            credits: Credits::weighted((w[i], units[i]), (w[1 - i], units[1 - i])).unwrap(),
             to_send: to_send[i],
             unread: 0,
+            unread_costs: VecDeque::new(),
+            sizes: sizes[i].clone(),
             read: 0,
             credits_in: 0,
             frames_out: 0,
@@ -88,13 +100,14 @@ impl Pair {
                 if s.to_send == 0 {
                     return false;
                 }
-                match s.credits.reserve() {
+                let len = s.sizes[(s.frames_out % s.sizes.len() as u64) as usize];
+                match s.credits.reserve_for(len) {
                     Ok(r) => {
                         let stamp = match step {
                             Step::SendBare(_) => s.credits.commit_bare(r),
                             _ => s.credits.commit(r),
                         };
-                        let h = stamp.header(FrameKind::Data, 8);
+                        let h = stamp.header(FrameKind::Data, len);
                         s.to_send -= 1;
                         s.frames_out += 1;
                         self.wires[i].push_back(h);
@@ -114,6 +127,7 @@ impl Pair {
                 r.credits_in += u64::from(h.credits);
                 if h.kind == FrameKind::Data {
                     r.unread += 1;
+                    r.unread_costs.push_back(r.credits.cost_of(h.len));
                 }
                 true
             }
@@ -124,7 +138,8 @@ impl Pair {
                 }
                 s.unread -= 1;
                 s.read += 1;
-                s.credits.release().unwrap();
+                let cost = s.unread_costs.pop_front().expect("one cost per unread frame");
+                s.credits.release_many(cost).unwrap();
                 true
             }
             Step::Flush(i) => {
@@ -178,19 +193,23 @@ impl Pair {
     fn check(&self) {
         for i in 0..2 {
             let (s, peer) = (&self.sides[i], &self.sides[1 - i]);
-            // Never more frames outstanding than the peer has buffers posted.
+            // Never more credits outstanding than the peer's window.
             assert!(s.credits.outstanding() <= peer.credits.window());
-            // Conservation: each of the peer's buffers is exactly one of
-            // available here, on the wire towards the peer, held or owed by
-            // the peer, or returning on a credit in flight.
-            let in_flight_frames = self.wires[i].len() as u32;
+            // Conservation: each of the peer's credits is exactly one of
+            // available here, on the wire towards the peer (a data frame
+            // holds its cost), held or owed by the peer, or returning on a
+            // credit in flight.
+            let in_flight_frames: u32 = self.wires[i]
+                .iter()
+                .map(|h| if h.kind == FrameKind::Data { peer.credits.cost_of(h.len) } else { 1 })
+                .sum();
             let returning: u32 = self.wires[1 - i].iter().map(|h| u32::from(h.credits)).sum();
             assert_eq!(
                 s.credits.avail + in_flight_frames + peer.credits.held() + peer.credits.owed() + returning,
                 peer.credits.window(),
                 "credit leaked or duplicated: {self:#?}"
             );
-            assert_eq!(peer.credits.held(), peer.unread);
+            assert_eq!(peer.credits.held(), peer.unread_costs.iter().sum::<u32>());
             // A side that can send a heartbeat is never one its peer thinks
             // it starves; with nothing in flight the peer knows exactly, so
             // a heartbeat-silent side is always a starved one.
@@ -253,6 +272,40 @@ proptest! {
         // every credit taken is accounted for by the conservation check.
     }
 
+    /// Weighted credits (a unit of 1 KiB) with frames of any size up to
+    /// what the receiver's window allows: the same invariants, no deadlock
+    /// however the sizes mix, and a side that weighs talking to one that
+    /// does not.
+    #[test]
+    fn weighted_schedules_keep_credit_invariants(
+        w0 in 8u32..40,
+        w1 in 8u32..40,
+        weigh in 0usize..3,
+        picks in proptest::collection::vec((0u64..1000, 0u64..1000), 1..8),
+        n0 in 0u64..150,
+        n1 in 0u64..150,
+        steps in proptest::collection::vec(step(), 0..600),
+    ) {
+        let units = [[1024, 1024], [1024, 0], [0, 1024]][weigh];
+        // Each side's frames fit what its peer's window allows (see
+        // `min_window`): at most w/2 credits.
+        let largest = |w: u32, unit: u32| if unit == 0 { 1 << 20 } else { u64::from(w / 2 - 1) * u64::from(unit) + 1023 };
+        let max = [largest(w1, units[1]), largest(w0, units[0])];
+        prop_assert!(min_window(max[0], units[1]) <= w1 && min_window(max[1], units[0]) <= w0);
+        let sizes = [
+            picks.iter().map(|p| p.0 * max[0] / 999).collect::<Vec<_>>(),
+            picks.iter().map(|p| p.1 * max[1] / 999).collect::<Vec<_>>(),
+        ];
+        let mut pair = Pair::weighted([w0, w1], units, sizes, [n0, n1]);
+        for st in steps {
+            pair.apply(st);
+            pair.check();
+        }
+        prop_assert!(pair.drain().is_some(), "deadlock: {pair:#?}");
+        prop_assert_eq!(pair.sides[0].read, n1);
+        prop_assert_eq!(pair.sides[1].read, n0);
+    }
+
     #[test]
     fn slow_reader_blocks_sender_within_window(w in MIN_WINDOW..40, n in 1u64..500) {
         let mut pair = Pair::new([w, w], [n, 0]);
@@ -270,6 +323,39 @@ proptest! {
         prop_assert!(pair.drain().is_some());
         prop_assert_eq!(pair.sides[1].read, n);
     }
+}
+
+#[test]
+fn weighted_credits_bound_bytes_and_messages() {
+    // The receiver charges one credit per KiB begun past the first.
+    assert_eq!((cost(0, 1024), cost(1023, 1024), cost(1024, 1024), cost(64 << 10, 1024)), (1, 1, 2, 65));
+    assert_eq!(cost(u64::MAX, 1024), u32::MAX, "saturates");
+    assert_eq!((cost(1 << 30, 0), min_window(1 << 20, 0)), (1, MIN_WINDOW));
+    assert_eq!(min_window(64 << 10, 1024), 2 * 65);
+    let (mut a, mut b) =
+        (Credits::weighted((64, 0), (64, 1024)).unwrap(), Credits::weighted((64, 1024), (64, 0)).unwrap());
+    // 64 credits: a 10 KiB frame takes 11; small ones one each.
+    let big = a.reserve_for(10 << 10).unwrap();
+    assert_eq!(a.available(), 63 - 11);
+    assert!(a.is_blocked_for(52 << 10) && !a.is_blocked_for(51 << 10));
+    let h = a.commit(big).header(FrameKind::Data, 10 << 10);
+    b.on_receive(&h).unwrap();
+    assert_eq!(b.held(), 11);
+    // A peer that lies about the size it may send overruns: 53 credits
+    // are left, a 53 KiB frame takes 54.
+    let mut liar = b.clone();
+    let lie = Header::new(FrameKind::Data, 0, 1, 53 << 10);
+    assert_eq!(liar.on_receive(&lie), Err(CreditError::Overrun { window: 64 }));
+    let fits = Header::new(FrameKind::Data, 0, 1, (53 << 10) - 1);
+    assert_eq!(liar.on_receive(&fits), Ok(()));
+    // Released, the frame's credits come back on the next frame the other way.
+    assert_eq!(b.release_many(b.cost_of(10 << 10)), Ok(false));
+    let back = b.reserve_for(100 << 10).unwrap();
+    let stamp = b.commit(back);
+    assert_eq!(stamp.credits, 11);
+    a.on_receive(&stamp.header(FrameKind::Data, 100 << 10)).unwrap();
+    assert_eq!(a.available(), 63);
+    assert_eq!(Credits::weighted((8, 100), (8, 0)).unwrap_err(), CreditError::BadUnit(100));
 }
 
 #[test]

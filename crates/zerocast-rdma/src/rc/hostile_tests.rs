@@ -91,7 +91,13 @@ impl Attacker {
             recvs.push(buf);
         }
         let psn = random_psn();
-        let hello = Hello { window: 8, max_payload: 1 << 20, recv_buf_size: RECV as u32, heartbeat_ms: 0 };
+        let hello = Hello {
+            window: 8,
+            credit_unit: 0,
+            max_payload: 1 << 20,
+            recv_buf_size: RECV as u32,
+            heartbeat_ms: 0,
+        };
         let ours = OobInfo { hello, qpn: qp.qp_num(), psn, lid: local.lid, gid: local.gid, rkey: 0, addr: 0 };
         sock.write_all(&ours.encode()).expect("send our info");
         let mut theirs = [0u8; INFO_LEN];

@@ -673,6 +673,7 @@ impl RcTransport {
             pool: self.inner.pool.clone(),
             peer: peer.clone(),
             repost: true,
+            credit_unit: 0,
         };
         let (link_half, driver, reposts) = zerocast_link::new(setup).map_err(handshake)?;
         let Some(reposts) = reposts else {

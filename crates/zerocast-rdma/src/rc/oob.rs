@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdma_sys::{ibv_access_flags, ibv_gid, ibv_qp_attr, ibv_qp_attr_mask as m, ibv_qp_state};
+use zerocast_core::handshake::HELLO_LEN;
 use zerocast_core::{ConnError, ConnectError, Endpoint, Hello, LinkConfig};
 use zerocast_link::engine::{Cx, Interest, Step, Task};
 
@@ -27,7 +28,9 @@ const MAGIC: &[u8; 4] = b"ZCOB";
 /// A listener's answer instead of its [`OobInfo`] when its shared receive
 /// queue has no share left.
 const REFUSED: &[u8; 4] = b"ZCRF";
-pub(super) const INFO_LEN: usize = 4 + 24 + 4 + 4 + 2 + 16 + 4 + 8;
+pub(super) const INFO_LEN: usize = H + 4 + 4 + 2 + 16 + 4 + 8;
+/// Where the hello ends and the queue pair's address begins.
+const H: usize = 4 + HELLO_LEN;
 
 /// What each side tells the other over the side channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,13 +49,13 @@ impl OobInfo {
     pub(super) fn encode(&self) -> [u8; INFO_LEN] {
         let mut b = [0u8; INFO_LEN];
         b[..4].copy_from_slice(MAGIC);
-        b[4..28].copy_from_slice(&self.hello.encode());
-        b[28..32].copy_from_slice(&self.qpn.to_le_bytes());
-        b[32..36].copy_from_slice(&self.psn.to_le_bytes());
-        b[36..38].copy_from_slice(&self.lid.to_le_bytes());
-        b[38..54].copy_from_slice(&self.gid);
-        b[54..58].copy_from_slice(&self.rkey.to_le_bytes());
-        b[58..66].copy_from_slice(&self.addr.to_le_bytes());
+        b[4..H].copy_from_slice(&self.hello.encode());
+        b[H..H + 4].copy_from_slice(&self.qpn.to_le_bytes());
+        b[H + 4..H + 8].copy_from_slice(&self.psn.to_le_bytes());
+        b[H + 8..H + 10].copy_from_slice(&self.lid.to_le_bytes());
+        b[H + 10..H + 26].copy_from_slice(&self.gid);
+        b[H + 26..H + 30].copy_from_slice(&self.rkey.to_le_bytes());
+        b[H + 30..H + 38].copy_from_slice(&self.addr.to_le_bytes());
         b
     }
 
@@ -60,19 +63,19 @@ impl OobInfo {
         if &b[..4] != MAGIC {
             return Err(ConnError::Handshake(zerocast_core::HandshakeError::NotHello));
         }
-        let hello = Hello::decode(&b[4..28])?;
+        let hello = Hello::decode(&b[4..H])?;
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let mut gid = [0u8; 16];
-        gid.copy_from_slice(&b[38..54]);
+        gid.copy_from_slice(&b[H + 10..H + 26]);
         let mut addr = [0u8; 8];
-        addr.copy_from_slice(&b[58..66]);
+        addr.copy_from_slice(&b[H + 30..H + 38]);
         Ok(Self {
             hello,
-            qpn: u32_at(28),
-            psn: u32_at(32) & 0x00ff_ffff,
-            lid: u16::from_le_bytes([b[36], b[37]]),
+            qpn: u32_at(H),
+            psn: u32_at(H + 4) & 0x00ff_ffff,
+            lid: u16::from_le_bytes([b[H + 8], b[H + 9]]),
             gid,
-            rkey: u32_at(54),
+            rkey: u32_at(H + 26),
             addr: u64::from_le_bytes(addr),
         })
     }
@@ -402,7 +405,13 @@ mod tests {
     #[test]
     fn info_roundtrip_and_garbage() {
         let info = OobInfo {
-            hello: Hello { window: 16, max_payload: 1 << 20, recv_buf_size: 1 << 20, heartbeat_ms: 0 },
+            hello: Hello {
+                window: 16,
+                credit_unit: 0,
+                max_payload: 1 << 20,
+                recv_buf_size: 1 << 20,
+                heartbeat_ms: 0,
+            },
             qpn: 17,
             psn: 0x12_3456,
             lid: 0,

@@ -136,7 +136,7 @@ mod tests {
     use super::*;
 
     fn hello(window: u32) -> Hello {
-        Hello { window, max_payload: 1 << 20, recv_buf_size: 4096, heartbeat_ms: 0 }
+        Hello { window, credit_unit: 0, max_payload: 1 << 20, recv_buf_size: 4096, heartbeat_ms: 0 }
     }
 
     #[test]

@@ -89,6 +89,34 @@ impl TcpConfig {
     }
 }
 
+/// Receive budget per slot of [`LinkConfig::recv_window`] on `tcp://`: the
+/// window is counted in bytes, `recv_window` times this (4 MiB at the
+/// default of 64, what an RDMA connection's 64 posted buffers of 64 KiB
+/// hold).
+pub const WINDOW_SLOT: u64 = 64 << 10;
+/// The credit unit of `tcp://`: a message takes one credit per 4 KiB
+/// begun past its first, so a window of 64 slots lets 1,024 small messages
+/// fly at once, or 60 of 64 KiB.
+pub const CREDIT_UNIT: u32 = 4096;
+
+/// The credit window and unit a `tcp://` side announces for `link`: the
+/// budget of `recv_window` × [`WINDOW_SLOT`] bytes in credits of
+/// [`CREDIT_UNIT`], raised as far as the largest message needs (see
+/// [`zerocast_core::credit::min_window`]), with the unit doubled while the
+/// window would not fit a hello. Memory a peer can make this side hold is
+/// bounded by the window times the unit (a message of one unit or less
+/// takes a pool buffer of its own size class).
+pub fn credits_for(link: &LinkConfig) -> (u32, u32) {
+    use zerocast_core::credit::{min_window, MAX_WINDOW};
+    let mut unit = CREDIT_UNIT;
+    while min_window(link.max_payload, unit) > MAX_WINDOW {
+        unit *= 2;
+    }
+    let budget = u64::from(link.recv_window) * WINDOW_SLOT / u64::from(unit);
+    let least = min_window(link.max_payload, unit);
+    (budget.clamp(u64::from(least), u64::from(MAX_WINDOW)) as u32, unit)
+}
+
 /// A pool configuration with size classes up to `link.max_payload`.
 pub fn pool_config_for(link: &LinkConfig) -> PoolConfig {
     let max = link.max_payload as usize;
@@ -176,10 +204,12 @@ impl TcpTransport {
         Ok(())
     }
 
-    /// The hello this side sends.
+    /// The hello this side sends: its window in weighted credits (see
+    /// [`credits_for`]).
     fn hello(&self, link: &LinkConfig) -> Hello {
         let buf_size = self.pool.class_for(link.max_payload as usize).unwrap_or(0);
-        zerocast_link::hello_for(link, buf_size)
+        let (window, credit_unit) = credits_for(link);
+        Hello { credit_unit, ..zerocast_link::hello_for(&link.with_recv_window(window), buf_size) }
     }
 
     /// Connect to `ep` at `addrs` (the caller resolved its name) without
@@ -232,17 +262,19 @@ impl TcpTransport {
         link_cfg: LinkConfig,
         peer_hello: Hello,
     ) -> Result<(TcpConnection, ConnTask), ConnectError> {
+        let (window, credit_unit) = credits_for(&link_cfg);
         let setup = LinkSetup {
-            config: link_cfg,
+            config: link_cfg.with_recv_window(window),
             peer_hello,
             pool: self.pool.clone(),
             peer: peer.clone(),
             repost: false,
+            credit_unit,
         };
         let (link, driver, _) = zerocast_link::new(setup)
             .map_err(|source| ConnectError::Handshake { endpoint: peer.to_string(), source })?;
         let task = ConnTask::new(sock.clone(), driver, self.cfg.frame_timeout, peer_hello.window);
-        tracing::debug!(%peer, window = link_cfg.recv_window, peer_window = peer_hello.window, "tcp connection up");
+        tracing::debug!(%peer, window, peer_window = peer_hello.window, "tcp connection up");
         Ok((TcpConnection::new(link, ShutdownOnDrop(sock)), task))
     }
 }

@@ -247,7 +247,10 @@ impl Source for Reader {
                 }
                 self.drained = false;
             }
-            match self.frame(driver, until) {
+            // Once frames are out, wait for nothing more, a pool buffer
+            // included: the buffers it would wait for may be the very
+            // messages this pump just queued, which its caller must take.
+            match self.frame(driver, if frames > 0 { None } else { until }) {
                 Ok(()) => frames += 1,
                 Err(Stop::Idle | Stop::Starved) if frames > 0 => return self.idle_after(Pumped::Frames),
                 Err(Stop::Idle) => {

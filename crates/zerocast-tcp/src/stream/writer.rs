@@ -56,8 +56,9 @@ impl TcpWire {
             sock,
             staging: Vec::with_capacity(STAGE),
             sent: 0,
-            // Data frames, and credit or control frames between them.
-            pieces: VecDeque::with_capacity(2 * window + 8),
+            // Data frames, and credit or control frames between them: room
+            // for a window of 64 up front, more only for a backlog.
+            pieces: VecDeque::with_capacity(2 * window.min(64) + 8),
             payload_sent: 0,
         }
     }

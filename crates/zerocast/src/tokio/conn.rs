@@ -159,13 +159,21 @@ impl Connection {
         self.conn.try_send(buf)
     }
 
-    /// Wait until a send would find credit, or the connection closed or
-    /// failed (the send then says which). Cancel-safe. Another task may
-    /// take the credit first, so follow it with [`Connection::try_send`]
-    /// and wait again on `Full`.
+    /// Wait until a send of a small message (one credit: up to 4 KiB on
+    /// `tcp://`, any size on the other transports) would find credit, or
+    /// the connection closed or failed (the send then says which).
+    /// Cancel-safe. Another task may take the credit first, so follow it
+    /// with [`Connection::try_send`] and wait again on `Full`.
     pub async fn ready(&self) {
+        self.ready_for(0).await
+    }
+
+    /// [`Connection::ready`] for a message of `len` bytes, which on
+    /// `tcp://` may take more than one credit (one per 4 KiB begun past
+    /// its first).
+    pub async fn ready_for(&self, len: usize) {
         let link = self.conn.link();
-        poll_fn(|cx| self.reading.poll_waiting(link, cx, |cx| link.poll_credit(cx))).await
+        poll_fn(|cx| self.reading.poll_waiting(link, cx, |cx| link.poll_credit(len, cx))).await
     }
 
     /// Receive the next message. After the peer closes, buffered messages

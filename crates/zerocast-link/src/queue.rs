@@ -121,10 +121,19 @@ impl<T> Queue<T> {
     }
 
     /// The spill's front item: the ring is empty, so it is the oldest.
+    /// The items behind it move into the ring while it has room, so the
+    /// next pops take no lock: they are older than what stays in the spill,
+    /// and no producer adds to the ring while the spill holds items.
     #[cold]
     fn pop_spill(&self) -> Option<T> {
         let mut spill = self.spill.lock().unwrap_or_else(PoisonError::into_inner);
         let item = spill.pop_front();
+        while let Some(next) = spill.pop_front() {
+            if let Err(back) = self.items.push(next) {
+                spill.push_front(back);
+                break;
+            }
+        }
         self.spilled.store(spill.len(), Ordering::Release);
         item
     }

@@ -5,7 +5,7 @@ use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::pin;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll as TaskPoll, Wake, Waker};
 use std::time::Duration;
 
@@ -186,8 +186,11 @@ impl DataPath {
         match &self.io {
             Io::Async(rt, _) => rt.block_on(fut),
             _ => {
-                let waker = Waker::from(Arc::new(NeverWoken));
-                match pin!(fut).poll(&mut Context::from_waker(&waker)) {
+                // The blocking API's calls never leave a poll pending, so
+                // nothing wakes this waker, made once rather than per
+                // message.
+                static NEVER: LazyLock<Waker> = LazyLock::new(|| Waker::from(Arc::new(NeverWoken)));
+                match pin!(fut).poll(&mut Context::from_waker(&NEVER)) {
                     TaskPoll::Ready(r) => r,
                     TaskPoll::Pending => bail!("a blocking data path's call returned before its end"),
                 }

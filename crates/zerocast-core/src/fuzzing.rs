@@ -37,7 +37,8 @@ pub fn frame_stream(data: &[u8]) {
 }
 
 /// Drive one side's credit machine with `data`: the first two bytes pick
-/// the windows, then each byte is an event — a frame from a peer that may
+/// the windows (and, by their high bits, whether each side weighs its
+/// credits by 1 KiB), then each byte is an event — a frame from a peer that may
 /// lie about sequence numbers and credits, the application releasing a
 /// message, a send, or a credit frame. The machine must refuse every lie
 /// with a typed error (after which the connection is closed: the run
@@ -47,8 +48,10 @@ pub fn credit_peer(data: &[u8]) {
     let span = MAX_WINDOW.min(64) - MIN_WINDOW + 1;
     let local = MIN_WINDOW + u32::from(*a) % span;
     let peer = MIN_WINDOW + u32::from(*b) % span;
-    let mut c = Credits::new(local, peer).expect("windows within range");
-    let mut held = 0u32;
+    let unit_of = |byte: u8| if byte & 0x80 != 0 { 1024 } else { 0 };
+    let mut c = Credits::weighted((local, unit_of(*a)), (peer, unit_of(*b))).expect("windows within range");
+    // The credits of each frame the application holds, oldest first.
+    let mut held: Vec<u32> = Vec::new();
     let mut i = 0;
     while i < rest.len() {
         let op = rest[i];
@@ -63,13 +66,16 @@ pub fn credit_peer(data: &[u8]) {
                     [usize::from(arg[0] % 4)];
                 let credits = u16::from(arg[1] % 8);
                 let seq = c.next_rx_seq().wrapping_add(u32::from(arg[2] / 200));
-                let h = Header::new(kind, credits, seq, 0);
+                // A length of up to 31.5 KiB: up to 32 credits on a
+                // weighing side, more than a small window holds.
+                let len = u64::from(arg[0] / 4) * 512;
+                let h = Header::new(kind, credits, seq, len);
                 let before = (c.outstanding(), c.held(), c.owed());
                 match c.on_receive(&h) {
                     Ok(()) => {
                         assert!(u32::from(credits) <= before.0, "returned more credits than outstanding");
                         if kind.holds_buffer() {
-                            held += 1;
+                            held.push(c.cost_of(len));
                         }
                     }
                     Err(e) => {
@@ -79,15 +85,17 @@ pub fn credit_peer(data: &[u8]) {
                 }
             }
             1 => {
-                if held > 0 {
-                    held -= 1;
-                    c.release().expect("releasing a held message");
-                } else {
+                if held.is_empty() {
                     assert!(c.release().is_err(), "release with nothing held");
+                } else {
+                    let cost = held.remove(0);
+                    c.release_many(cost).expect("releasing a held message");
                 }
             }
             2 => {
-                if let Ok(r) = c.reserve() {
+                let len = u64::from(rest.get(i).copied().unwrap_or(0)) * 256;
+                i += 1;
+                if let Ok(r) = c.reserve_for(len) {
                     let _ = c.commit(r);
                 }
             }
@@ -95,7 +103,7 @@ pub fn credit_peer(data: &[u8]) {
                 let _ = c.poll_credit_frame();
             }
         }
-        assert_eq!(c.held(), held);
+        assert_eq!(c.held(), held.iter().sum::<u32>());
         assert!(c.outstanding() <= c.peer_window());
         assert!(c.held() + c.owed() <= c.window());
     }

@@ -103,9 +103,9 @@ pub const CREDIT_UNIT: u32 = 4096;
 /// budget of `recv_window` × [`WINDOW_SLOT`] bytes in credits of
 /// [`CREDIT_UNIT`], raised as far as the largest message needs (see
 /// [`zerocast_core::credit::min_window`]), with the unit doubled while the
-/// window would not fit a hello. Memory a peer can make this side hold is
-/// bounded by the window times the unit (a message of one unit or less
-/// takes a pool buffer of its own size class).
+/// window would not fit a hello. The payload bytes a peer can make this
+/// side hold are bounded by the window times the unit (each in a pool
+/// buffer of the size class at or above its length).
 pub fn credits_for(link: &LinkConfig) -> (u32, u32) {
     use zerocast_core::credit::{min_window, MAX_WINDOW};
     let mut unit = CREDIT_UNIT;

@@ -120,13 +120,19 @@ impl<T> Queue<T> {
         }
     }
 
-    /// The spill's front item: the ring is empty, so it is the oldest.
-    /// The items behind it move into the ring while it has room, so the
-    /// next pops take no lock: they are older than what stays in the spill,
-    /// and no producer adds to the ring while the spill holds items.
+    /// For a consumer that found the ring empty and then the spill holding
+    /// items: the oldest item. That is the ring's, if a producer filled it
+    /// between the two looks (and then spilled), else the spill's front.
+    /// The items behind the spill's front move into the ring while it has
+    /// room, so the next pops take no lock: they are older than what stays
+    /// in the spill, and no producer adds to the ring while the spill
+    /// holds items.
     #[cold]
     fn pop_spill(&self) -> Option<T> {
         let mut spill = self.spill.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(item) = self.items.pop() {
+            return Some(item);
+        }
         let item = spill.pop_front();
         while let Some(next) = spill.pop_front() {
             if let Err(back) = self.items.push(next) {
@@ -241,6 +247,25 @@ mod tests {
             assert_eq!(next, cap + cap / 2);
             assert!(q.is_empty());
         }
+    }
+
+    /// The interleaving a consumer can meet: it finds the ring empty, and
+    /// before it looks at the spill a producer fills the ring and spills.
+    /// What it takes next is the ring's oldest item, not the spill's.
+    #[test]
+    fn a_consumer_overtaken_between_its_two_looks_takes_the_oldest() {
+        let q = Queue::new(FAST * 2);
+        // The consumer's first look: the ring is empty.
+        assert_eq!(q.items.pop(), None);
+        // The producer fills the ring and spills past it.
+        for i in 0..FAST + 3 {
+            assert_eq!(q.push(i), Ok(()));
+        }
+        assert!(q.spilled.load(Ordering::Acquire) > 0);
+        // The consumer's second look, at the spill.
+        assert_eq!(q.pop_spill(), Some(0), "the spill's front overtook the ring");
+        let rest: Vec<usize> = std::iter::from_fn(|| q.try_pop()).collect();
+        assert_eq!(rest, (1..FAST + 3).collect::<Vec<_>>());
     }
 
     #[test]

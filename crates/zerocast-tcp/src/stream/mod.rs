@@ -109,12 +109,36 @@ pub const CREDIT_UNIT: u32 = 4096;
 pub fn credits_for(link: &LinkConfig) -> (u32, u32) {
     use zerocast_core::credit::{min_window, MAX_WINDOW};
     let mut unit = CREDIT_UNIT;
-    while min_window(link.max_payload, unit) > MAX_WINDOW {
+    // At most 1 GiB a credit: a `max_payload` past what `validate` allows
+    // gets the largest window, not an endless doubling.
+    while min_window(link.max_payload, unit) > MAX_WINDOW && unit < 1 << 30 {
         unit *= 2;
     }
     let budget = u64::from(link.recv_window) * WINDOW_SLOT / u64::from(unit);
-    let least = min_window(link.max_payload, unit);
+    let least = min_window(link.max_payload, unit).min(MAX_WINDOW);
     (budget.clamp(u64::from(least), u64::from(MAX_WINDOW)) as u32, unit)
+}
+
+#[cfg(test)]
+mod credit_tests {
+    use super::*;
+
+    #[test]
+    fn a_tcp_window_is_a_byte_budget_that_fits_its_largest_message() {
+        let at = |window: u32, max: u64| {
+            credits_for(&LinkConfig::default().with_recv_window(window).with_max_payload(max))
+        };
+        // The default: 4 MiB in credits of 4 KiB.
+        assert_eq!(at(64, 1 << 20), (1024, 4096));
+        // A small window is raised to twice the largest message's credits.
+        assert_eq!(at(8, 1 << 20), (2 * 257, 4096));
+        // A huge largest message doubles the unit until the window fits.
+        let (w, unit) = at(64, 4 << 30);
+        assert!(w <= zerocast_core::credit::MAX_WINDOW && unit > 4096);
+        assert!(w >= zerocast_core::credit::min_window(4 << 30, unit));
+        // Past what `validate` allows: the largest window, no panic.
+        assert_eq!(at(64, u64::MAX).0, zerocast_core::credit::MAX_WINDOW);
+    }
 }
 
 /// A pool configuration with size classes up to `link.max_payload`.

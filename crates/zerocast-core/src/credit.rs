@@ -384,7 +384,7 @@ impl Credits {
 
     /// Whether a data frame of one credit would be [`Blocked`] now.
     pub fn is_blocked(&self) -> bool {
-        self.avail < 2
+        self.is_blocked_for(0)
     }
 
     /// Credits of frames sent that the peer has not yet returned.

@@ -99,8 +99,9 @@ pub(super) struct Route {
     pub(super) qkey: u32,
 }
 
-/// Everything the socket and its received datagrams share. Field order is drop order: the QP goes first, so no buffer in
-/// the tables is still in the device's hands when the tables drop.
+/// Everything the socket and its received datagrams share. Field order is
+/// drop order: the QP goes first, so no buffer in the tables is still in
+/// the device's hands when the tables drop.
 #[derive(Debug)]
 pub(crate) struct Io {
     pub(super) qp: QueuePair,

@@ -159,7 +159,7 @@ impl Connection {
         self.conn.try_send(buf)
     }
 
-    /// Wait until a send of a small message (one credit: up to 4 KiB on
+    /// Wait until a send of a small message (one credit: under 4 KiB on
     /// `tcp://`, any size on the other transports) would find credit, or
     /// the connection closed or failed (the send then says which).
     /// Cancel-safe. Another task may take the credit first, so follow it

@@ -144,9 +144,10 @@ pub async fn integrity(t: AsyncTransport, n: u64) {
 }
 
 /// A peer that does not read stops the sender after one window (less the
-/// reserved credit; a window in credits, see [`crate::suite::credit_window`]); `try_send` and `send_timeout` hand the buffer back; a
-/// slow reader lets a waiting `send` go on, one message at a time, never
-/// past the window.
+/// reserved credit; a window in credits, see
+/// [`crate::suite::credit_window`]); `try_send` and `send_timeout` hand
+/// the buffer back; a slow reader lets a waiting `send` go on, one message
+/// at a time, never past the window.
 pub async fn backpressure(t: AsyncTransport, configured: u32) {
     let (client, server) = t.pair().await;
     let window = crate::suite::credit_window(&client.stats(), configured);

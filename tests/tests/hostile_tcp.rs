@@ -215,7 +215,7 @@ fn credits_bound_the_bytes_a_peer_can_park() {
     let (mut bad, server, hello) = handshaken_hello(&listener, addr, 8);
     let unit = u64::from(hello.credit_unit);
     let payload = vec![7u8; 64 << 10];
-    let cost = 1 + payload.len() as u64 / unit;
+    let cost = u64::from(zerocast::core::credit::cost(payload.len() as u64, hello.credit_unit));
     let fit = u64::from(hello.window) / cost;
     assert!(fit >= 2, "the window holds two of the largest frames: {hello:?}");
     for seq in 0..=fit {

@@ -61,6 +61,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(test)]
+mod batch_tests;
 mod completion;
 mod conn;
 #[cfg(test)]

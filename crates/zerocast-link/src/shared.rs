@@ -102,6 +102,10 @@ pub(crate) struct Shared {
     pub(crate) reposter: Hook<Box<dyn Repost>>,
     /// The engine is pumping the source now.
     pub(crate) bg_pumping: AtomicBool,
+    /// The pump running now is a receiving thread's, which takes one
+    /// batch ([`crate::Driver::batch_done`]); written and read by the
+    /// thread that holds the source.
+    pub(crate) batch_pump: AtomicBool,
     /// The engine task driving this connection, when an engine does.
     pub(crate) waker: Hook<Waker>,
     /// The thread that holds the source and waits in it for credit, to be
@@ -204,6 +208,7 @@ impl Shared {
             source: Hook::default(),
             reposter: Hook::default(),
             bg_pumping: AtomicBool::new(false),
+            batch_pump: AtomicBool::new(false),
             waker: Hook::default(),
             ready: Hook::default(),
             source_fd: Hook::default(),

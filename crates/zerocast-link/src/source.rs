@@ -181,6 +181,21 @@ impl Driver {
         self.shared.source_hint.store(true, Ordering::Release);
     }
 
+    /// Whether a pump that has handed over `frames` frames should return
+    /// now and leave the rest (staged, or on the socket) for the next one:
+    /// a receiving thread's pump stops once its frames fill the delivery
+    /// queue's lock-free ring, which that thread empties before it pumps
+    /// again, so a window of thousands of small messages flows through
+    /// the ring and never its spill list. Every other pump takes
+    /// everything: the engine's (nobody else may read for the
+    /// application), a task's that reads directly (its wake-ups follow the
+    /// descriptor), a sender's looking for credit, and a look at the
+    /// counters.
+    #[inline]
+    pub fn batch_done(&self, frames: usize) -> bool {
+        frames >= crate::queue::FAST && self.shared.batch_pump.load(Ordering::Relaxed)
+    }
+
     /// Pump the installed source from the backend's engine task, unless
     /// another thread is pumping it now (`None`) or no source is installed
     /// (`Some(Pumped::Done)`).
@@ -226,6 +241,8 @@ impl Driver {
                 _ => None,
             };
             let until = if until.is_some() && self.already_there(awaited) { None } else { until };
+            let batch = !background && awaited == Awaited::Message && !self.reads_directly();
+            self.shared.batch_pump.store(batch, Ordering::Relaxed);
             if self.shared.source_hint.load(Ordering::Relaxed)
                 && self.shared.source_hint.swap(false, Ordering::AcqRel)
             {

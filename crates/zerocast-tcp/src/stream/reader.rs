@@ -251,7 +251,17 @@ impl Source for Reader {
             // included: the buffers it would wait for may be the very
             // messages this pump just queued, which its caller must take.
             match self.frame(driver, if frames > 0 { None } else { until }) {
-                Ok(()) => frames += 1,
+                Ok(()) => {
+                    frames += 1;
+                    // A receiving thread's pump stops at a batch once the
+                    // socket is drained: the rest is staged, for its next
+                    // pump. While the socket holds more it reads on, so
+                    // the kernel's receive buffer, and the peer's TCP
+                    // window, stay open.
+                    if self.drained && driver.batch_done(frames) {
+                        return Pumped::Frames;
+                    }
+                }
                 Err(Stop::Idle | Stop::Starved) if frames > 0 => return self.idle_after(Pumped::Frames),
                 Err(Stop::Idle) => {
                     self.note_stall();

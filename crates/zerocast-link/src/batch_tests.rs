@@ -1,0 +1,101 @@
+//! A receiving thread's pump takes one batch ([`Driver::batch_done`]);
+//! every other pump takes everything there is.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use zerocast_core::{FrameKind, Header, LinkConfig, RecvError};
+use zerocast_mem::{Pool, PoolConfig, Wait};
+
+use crate::queue::FAST;
+use crate::{hello_for, new, Driver, Link, LinkSetup, Pumped, Source};
+
+/// A test double for a socket holding `left` small data frames: each pump
+/// hands the driver frames in order until they run out or the driver says
+/// the batch is done, and notes the delivery queue's length after it.
+struct Backlogged {
+    pool: Pool,
+    next: u32,
+    left: u32,
+    queued_after: Arc<Mutex<Vec<usize>>>,
+}
+
+impl Source for Backlogged {
+    fn pump(&mut self, driver: &Driver, _until: Option<Instant>) -> Pumped {
+        let mut frames = 0;
+        while self.left > 0 {
+            let mut buf = self.pool.alloc(4, Wait::No).unwrap();
+            buf.copy_from_slice(&self.next.to_le_bytes());
+            driver.on_frame(Header::new(FrameKind::Data, 0, self.next, 4), Some(buf)).unwrap();
+            self.next += 1;
+            self.left -= 1;
+            frames += 1;
+            if driver.batch_done(frames) {
+                break;
+            }
+        }
+        self.queued_after.lock().unwrap().push(driver.shared.delivered.len());
+        if frames > 0 {
+            Pumped::Frames
+        } else {
+            Pumped::Idle
+        }
+    }
+}
+
+/// A link with room for `n` messages in flight whose source holds `n`
+/// frames, and the queue lengths its pumps leave.
+fn backlogged(n: u32) -> (Link, Driver, Arc<Mutex<Vec<usize>>>) {
+    let config = LinkConfig::default().with_recv_window(n);
+    let pool = Pool::unregistered(PoolConfig::default()).unwrap();
+    let setup = LinkSetup {
+        config,
+        peer_hello: hello_for(&config, 4096),
+        pool: pool.clone(),
+        peer: zerocast_core::Endpoint::parse("tcp://127.0.0.1:1").unwrap(),
+        repost: false,
+        credit_unit: 0,
+    };
+    let (link, driver, _) = new(setup).unwrap();
+    let queued_after = Arc::default();
+    let source = Backlogged { pool, next: 0, left: n, queued_after: Arc::clone(&queued_after) };
+    driver.install_source(Box::new(source));
+    (link, driver, queued_after)
+}
+
+fn seq(m: &[u8]) -> u32 {
+    u32::from_le_bytes(m[..4].try_into().unwrap())
+}
+
+#[test]
+fn a_receiving_thread_takes_a_window_of_small_messages_a_ring_at_a_time() {
+    let n = 1000;
+    for blocking in [true, false] {
+        let (link, _driver, queued_after) = backlogged(n);
+        for i in 0..n {
+            let m = if blocking { link.recv(None) } else { link.try_recv() };
+            assert_eq!(seq(&m.unwrap()), i, "blocking: {blocking}");
+        }
+        assert!(matches!(link.recv(Some(Instant::now())), Err(RecvError::Timeout)));
+        let queued_after = queued_after.lock().unwrap();
+        // Each pump hands its first frame over and queues the rest of its
+        // batch: the ring, never the spill list behind it.
+        assert!(queued_after.iter().all(|&q| q < FAST), "blocking: {blocking}: {queued_after:?}");
+        let pumps = queued_after.iter().filter(|&&q| q > 0).count();
+        assert_eq!(pumps, (n as usize).div_ceil(FAST), "blocking: {blocking}: one pump per batch");
+    }
+}
+
+#[test]
+fn the_engine_and_a_look_at_the_counters_take_everything() {
+    let n = 300;
+    let (_link, driver, queued_after) = backlogged(n);
+    assert_eq!(driver.try_pump(None), Some(Pumped::Frames));
+    assert_eq!(*queued_after.lock().unwrap(), [n as usize], "the engine read the whole backlog");
+
+    let (link, _driver, _) = backlogged(n);
+    assert_eq!(link.stats().queued, n as usize, "stats counts every message that has arrived");
+    for i in 0..n {
+        assert_eq!(seq(&link.try_recv().unwrap()), i);
+    }
+}

@@ -4,11 +4,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use zerocast_core::{FrameKind, Header, LinkConfig, RecvError};
-use zerocast_mem::{Pool, PoolConfig, Wait};
+use zerocast_core::{FrameKind, Header, RecvError};
+use zerocast_mem::{Pool, Wait};
 
 use crate::queue::FAST;
-use crate::{hello_for, new, Driver, Link, LinkSetup, Pumped, Source};
+use crate::{Driver, Link, Pumped, Source};
 
 /// A test double for a socket holding `left` small data frames: each pump
 /// hands the driver frames in order until they run out or the driver says
@@ -46,17 +46,7 @@ impl Source for Backlogged {
 /// A link with room for `n` messages in flight whose source holds `n`
 /// frames, and the queue lengths its pumps leave.
 fn backlogged(n: u32) -> (Link, Driver, Arc<Mutex<Vec<usize>>>) {
-    let config = LinkConfig::default().with_recv_window(n);
-    let pool = Pool::unregistered(PoolConfig::default()).unwrap();
-    let setup = LinkSetup {
-        config,
-        peer_hello: hello_for(&config, 4096),
-        pool: pool.clone(),
-        peer: zerocast_core::Endpoint::parse("tcp://127.0.0.1:1").unwrap(),
-        repost: false,
-        credit_unit: 0,
-    };
-    let (link, driver, _) = new(setup).unwrap();
+    let (link, driver, pool) = crate::test_link_of(n);
     let queued_after = Arc::default();
     let source = Backlogged { pool, next: 0, left: n, queued_after: Arc::clone(&queued_after) };
     driver.install_source(Box::new(source));

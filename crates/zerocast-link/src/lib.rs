@@ -165,7 +165,13 @@ pub fn hello_for(config: &LinkConfig, buf_size: usize) -> Hello {
 /// backend attached, and its driver and pool.
 #[cfg(test)]
 pub(crate) fn test_link() -> (Link, Driver, zerocast_mem::Pool) {
-    let config = LinkConfig::default().with_recv_window(64);
+    test_link_of(64)
+}
+
+/// [`test_link`] with a window of `window` frames.
+#[cfg(test)]
+pub(crate) fn test_link_of(window: u32) -> (Link, Driver, zerocast_mem::Pool) {
+    let config = LinkConfig::default().with_recv_window(window);
     let pool = zerocast_mem::Pool::unregistered(zerocast_mem::PoolConfig::default()).unwrap();
     let setup = LinkSetup {
         config,

@@ -47,7 +47,8 @@ pub enum Pumped {
 pub trait Source: Send {
     /// Hand every complete frame that has arrived to `driver`
     /// ([`Driver::on_frame`]), without waiting at a frame boundary once one
-    /// was handed over. With nothing there, wait for the next frame until
+    /// was handed over; a source may stop early, keeping the rest for the
+    /// next call, once [`Driver::batch_done`] says so. With nothing there, wait for the next frame until
     /// `until` (`None`: do not wait). A frame that has begun but not wholly
     /// arrived stays partial for the next call: no call waits past `until`
     /// for it. After [`Pumped::Done`], every later call returns `Done` at

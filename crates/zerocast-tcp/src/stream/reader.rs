@@ -206,6 +206,8 @@ pub(super) struct Reader {
     /// empty then, so a pump that has handed frames over need not ask again.
     drained: bool,
     pending: Option<Pending>,
+    /// Bytes of the data frames the current pump has handed over.
+    pump_bytes: usize,
     /// When a frame in progress first found nothing more to read (reset by
     /// every byte that arrives).
     stalled_since: Option<Instant>,
@@ -221,6 +223,7 @@ impl Source for Reader {
             return Pumped::Done;
         }
         let mut frames = 0usize;
+        self.pump_bytes = 0;
         loop {
             if self.drained && self.start == self.end && !self.starved() {
                 // The socket was empty at the last read: wait for it
@@ -253,12 +256,15 @@ impl Source for Reader {
             match self.frame(driver, if frames > 0 { None } else { until }) {
                 Ok(()) => {
                     frames += 1;
-                    // A receiving thread's pump stops at a batch once the
-                    // socket is drained: the rest is staged, for its next
-                    // pump. While the socket holds more it reads on, so
-                    // the kernel's receive buffer, and the peer's TCP
-                    // window, stay open.
-                    if self.drained && driver.batch_done(frames) {
+                    // A receiving thread's pump stops at a batch (the rest
+                    // waits, staged or on the socket, for its next pump)
+                    // once the socket is drained, or when the batch was of
+                    // small frames, no more than a staging buffer in all.
+                    // A batch of larger ones reads on while the socket
+                    // holds more, so that the kernel's receive buffer, and
+                    // the peer's TCP window, stay open.
+                    let small = self.pump_bytes <= STAGING;
+                    if (self.drained || small) && driver.batch_done(frames) {
                         return Pumped::Frames;
                     }
                 }
@@ -295,6 +301,7 @@ impl Reader {
             done: false,
             drained: false,
             pending: None,
+            pump_bytes: 0,
             stalled_since: None,
             starved_since: None,
             frame_timeout,
@@ -403,7 +410,10 @@ impl Reader {
         }
         let Some(mut p) = self.pending.take() else { return Err(Stop::Idle) };
         match self.payload(driver, until, &mut p) {
-            Ok(()) => driver.on_frame(p.header, p.buf).map_err(Stop::Failed),
+            Ok(()) => {
+                self.pump_bytes += HEADER_LEN + p.header.len as usize;
+                driver.on_frame(p.header, p.buf).map_err(Stop::Failed)
+            }
             Err(stop @ (Stop::Idle | Stop::Starved)) => {
                 self.pending = Some(p);
                 Err(stop)

@@ -89,3 +89,33 @@ fn the_engine_and_a_look_at_the_counters_take_everything() {
         assert_eq!(seq(&link.try_recv().unwrap()), i);
     }
 }
+
+/// Counts its reports.
+#[derive(Default)]
+struct Told(std::sync::atomic::AtomicUsize);
+
+impl crate::Notify for Told {
+    fn notify(&self, _token: usize) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_registration_after_a_batch_reports_what_the_batch_left_behind() {
+    for direct in [false, true] {
+        let n = 200;
+        let (link, driver, _) = backlogged(n);
+        driver.set_source_fd(Arc::new(std::io::stdin()));
+        assert_eq!(seq(&link.recv(None).unwrap()), 0);
+        let told = Arc::new(Told::default());
+        let registered =
+            if direct { link.read_directly(told.clone(), 7) } else { link.notify_on_ready(told.clone(), 7) };
+        assert!(registered);
+        // The frames the batch left are queued and reported, with no
+        // readiness of the descriptor and no further pump.
+        assert_eq!(told.0.load(std::sync::atomic::Ordering::SeqCst), 1, "direct: {direct}");
+        for i in 1..n {
+            assert_eq!(seq(&link.try_recv().unwrap()), i, "direct: {direct}");
+        }
+    }
+}

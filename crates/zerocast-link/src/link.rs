@@ -549,6 +549,13 @@ impl Link {
             return false;
         }
         let ready = self.shared.ready.0.get().expect("just set");
+        // A receiving thread's pump may have left messages staged behind
+        // its batch (see `Driver::batch_done`), which no readiness of the
+        // descriptor would announce: they are read now, without waiting,
+        // and reported below.
+        if self.shared.batch_left.swap(false, Ordering::SeqCst) {
+            let _ = self.reader.pump_as(None, false, Awaited::Nothing);
+        }
         if ready.direct() {
             // The engine stops reading.
             self.shared.claim();

@@ -106,6 +106,9 @@ pub(crate) struct Shared {
     /// batch ([`crate::Driver::batch_done`]); written and read by the
     /// thread that holds the source.
     pub(crate) batch_pump: AtomicBool,
+    /// A receiving thread's pump stopped at a batch (and may have left
+    /// frames behind, staged): the next registration reads first.
+    pub(crate) batch_left: AtomicBool,
     /// The engine task driving this connection, when an engine does.
     pub(crate) waker: Hook<Waker>,
     /// The thread that holds the source and waits in it for credit, to be
@@ -209,6 +212,7 @@ impl Shared {
             reposter: Hook::default(),
             bg_pumping: AtomicBool::new(false),
             batch_pump: AtomicBool::new(false),
+            batch_left: AtomicBool::new(false),
             waker: Hook::default(),
             ready: Hook::default(),
             source_fd: Hook::default(),

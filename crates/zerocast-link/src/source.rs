@@ -194,7 +194,13 @@ impl Driver {
     /// counters.
     #[inline]
     pub fn batch_done(&self, frames: usize) -> bool {
-        frames >= crate::queue::FAST && self.shared.batch_pump.load(Ordering::Relaxed)
+        let done = frames >= crate::queue::FAST && self.shared.batch_pump.load(Ordering::Relaxed);
+        if done {
+            // What it leaves is read when the connection is registered
+            // for readiness (see `Link::register`).
+            self.shared.batch_left.store(true, Ordering::SeqCst);
+        }
+        done
     }
 
     /// Pump the installed source from the backend's engine task, unless

@@ -288,6 +288,10 @@ impl Source for Reader {
 
     fn readable(&mut self) {
         self.attention.readable();
+        // Whatever the last read left, the socket has more now: a pump
+        // that ends on staged frames reads it too (its readiness was
+        // taken, so nothing would announce it again).
+        self.drained = false;
     }
 }
 

@@ -90,16 +90,6 @@ fn the_engine_and_a_look_at_the_counters_take_everything() {
     }
 }
 
-/// Counts its reports.
-#[derive(Default)]
-struct Told(std::sync::atomic::AtomicUsize);
-
-impl crate::Notify for Told {
-    fn notify(&self, _token: usize) {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
 #[test]
 fn a_registration_after_a_batch_reports_what_the_batch_left_behind() {
     for direct in [false, true] {
@@ -107,7 +97,7 @@ fn a_registration_after_a_batch_reports_what_the_batch_left_behind() {
         let (link, driver, _) = backlogged(n);
         driver.set_source_fd(Arc::new(std::io::stdin()));
         assert_eq!(seq(&link.recv(None).unwrap()), 0);
-        let told = Arc::new(Told::default());
+        let told = Arc::new(crate::direct_tests::Count::default());
         let registered =
             if direct { link.read_directly(told.clone(), 7) } else { link.notify_on_ready(told.clone(), 7) };
         assert!(registered);

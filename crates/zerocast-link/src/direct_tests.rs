@@ -49,8 +49,9 @@ impl Source for Scripted {
     }
 }
 
+/// A notifier that counts its reports (the batch tests use it too).
 #[derive(Default)]
-struct Count(AtomicUsize);
+pub(crate) struct Count(pub(crate) AtomicUsize);
 
 impl Notify for Count {
     fn notify(&self, _token: usize) {

@@ -103,8 +103,9 @@ pub(crate) struct Shared {
     /// The engine is pumping the source now.
     pub(crate) bg_pumping: AtomicBool,
     /// The pump running now is a receiving thread's, which takes one
-    /// batch ([`crate::Driver::batch_done`]); written and read by the
-    /// thread that holds the source.
+    /// batch unless the connection is read directly
+    /// ([`crate::Driver::batch_done`]); written and read by the thread
+    /// that holds the source.
     pub(crate) batch_pump: AtomicBool,
     /// A receiving thread's pump stopped at a batch (and may have left
     /// frames behind, staged): the next registration reads first.

@@ -48,11 +48,11 @@ pub trait Source: Send {
     /// Hand every complete frame that has arrived to `driver`
     /// ([`Driver::on_frame`]), without waiting at a frame boundary once one
     /// was handed over; a source may stop early, keeping the rest for the
-    /// next call, once [`Driver::batch_done`] says so. With nothing there, wait for the next frame until
-    /// `until` (`None`: do not wait). A frame that has begun but not wholly
-    /// arrived stays partial for the next call: no call waits past `until`
-    /// for it. After [`Pumped::Done`], every later call returns `Done` at
-    /// once.
+    /// next call, once [`Driver::batch_done`] says so. With nothing there,
+    /// wait for the next frame until `until` (`None`: do not wait). A
+    /// frame that has begun but not wholly arrived stays partial for the
+    /// next call: no call waits past `until` for it. After
+    /// [`Pumped::Done`], every later call returns `Done` at once.
     fn pump(&mut self, driver: &Driver, until: Option<Instant>) -> Pumped;
 
     /// The source's descriptor (see [`Driver::set_source_fd`]) was seen
@@ -194,7 +194,9 @@ impl Driver {
     /// counters.
     #[inline]
     pub fn batch_done(&self, frames: usize) -> bool {
-        let done = frames >= crate::queue::FAST && self.shared.batch_pump.load(Ordering::Relaxed);
+        let done = frames >= crate::queue::FAST
+            && self.shared.batch_pump.load(Ordering::Relaxed)
+            && !self.reads_directly();
         if done {
             // What it leaves is read when the connection is registered
             // for readiness (see `Link::register`).
@@ -248,7 +250,7 @@ impl Driver {
                 _ => None,
             };
             let until = if until.is_some() && self.already_there(awaited) { None } else { until };
-            let batch = !background && awaited == Awaited::Message && !self.reads_directly();
+            let batch = !background && awaited == Awaited::Message;
             self.shared.batch_pump.store(batch, Ordering::Relaxed);
             if self.shared.source_hint.load(Ordering::Relaxed)
                 && self.shared.source_hint.swap(false, Ordering::AcqRel)

@@ -192,9 +192,11 @@ impl Drop for TokioPing {
     }
 }
 
-/// zerocast's async raw API as a stream: the measuring thread's future
-/// allocates, stamps and sends `n` messages; a receiver task takes each,
-/// checks its order and drops it, and says when the batch is in.
+/// zerocast's async raw API as a stream: a sending task allocates, stamps
+/// and sends `n` messages, and times them until a receiver task, which
+/// takes each, checks its order and drops it, says the batch is in. Both
+/// are tasks of the runtime, as an async application's are; the measuring
+/// thread only waits for the sender's result.
 #[derive(Debug)]
 pub struct AsyncZcPipe {
     rt: Runtime,
@@ -202,7 +204,7 @@ pub struct AsyncZcPipe {
     size: usize,
     n: u64,
     seq: u64,
-    done: tokio::sync::mpsc::Receiver<()>,
+    done: Option<tokio::sync::mpsc::Receiver<()>>,
     receiver: Option<JoinHandle<()>>,
 }
 
@@ -228,15 +230,16 @@ impl AsyncZcPipe {
                 }
             }
         });
-        Ok(Self { rt, conn: Some(conn), size, n, seq: 0, done, receiver: Some(receiver) })
+        Ok(Self { rt, conn: Some(conn), size, n, seq: 0, done: Some(done), receiver: Some(receiver) })
     }
 }
 
 impl Pipe for AsyncZcPipe {
     fn batch(&mut self) -> Duration {
-        let (conn, size, n, done) = (self.conn.as_ref().expect("open"), self.size, self.n, &mut self.done);
+        let (conn, size, n) = (self.conn.clone().expect("open"), self.size, self.n);
+        let mut done = self.done.take().expect("open");
         let mut seq = self.seq;
-        let took = self.rt.block_on(async {
+        let task = self.rt.spawn(async move {
             let start = Instant::now();
             for _ in 0..n {
                 let mut buf = conn.alloc(size).await.expect("zerocast alloc");
@@ -245,9 +248,10 @@ impl Pipe for AsyncZcPipe {
                 conn.send(buf).await.expect("zerocast send");
             }
             done.recv().await.expect("zerocast receiver stopped");
-            start.elapsed()
+            (start.elapsed(), seq, done)
         });
-        self.seq = seq;
+        let (took, seq, done) = self.rt.block_on(task).expect("sending task");
+        (self.seq, self.done) = (seq, Some(done));
         took
     }
 

@@ -214,6 +214,17 @@ impl Link {
         match self.shared.tx.push(Outgoing::Data(buf, reservation, tag)) {
             Ok(()) => {
                 st.queued_data += 1;
+                // A ring's worth queued: the engine has not kept up (its
+                // thread is busy, or it is a task on the runtime this
+                // sender runs on, which runs only once the sender yields).
+                // Write the batch from here rather than grow the queue's
+                // spill list, one lock per frame.
+                if self.shared.tx.len() >= crate::queue::FAST {
+                    drop(st);
+                    if self.reader.write_queued_here() {
+                        return Ok(());
+                    }
+                }
                 self.shared.kick();
                 Ok(())
             }

@@ -10,11 +10,13 @@ use zerocast_core::ConnError;
 use crate::engine::{Cx, Engine, Pending, Progress, Step, Task};
 use crate::{Driver, Frame, Wire, WireCtx};
 
-/// A test double for a backend's send path: takes every frame.
-struct Sink;
+/// A test double for a backend's send path: takes every frame, and
+/// counts them.
+struct Sink(Arc<AtomicUsize>);
 
 impl Wire for Sink {
-    fn write(&mut self, _frames: &mut [Frame], _ctx: &WireCtx<'_>) -> Result<(), ConnError> {
+    fn write(&mut self, frames: &mut [Frame], _ctx: &WireCtx<'_>) -> Result<(), ConnError> {
+        self.0.fetch_add(frames.len(), Ordering::SeqCst);
         Ok(())
     }
 }
@@ -37,6 +39,8 @@ type Meanwhile = Box<dyn FnMut(&Driver) + Send>;
 struct Conn {
     driver: Driver,
     runs: Arc<AtomicUsize>,
+    /// Frames its wire took, from the task or from a sending thread.
+    written: Arc<AtomicUsize>,
     meanwhile: Option<Meanwhile>,
 }
 
@@ -48,7 +52,7 @@ impl Task for Conn {
     fn run(&mut self, cx: &mut Cx<'_>) -> Step {
         let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
         if run == 1 {
-            self.driver.attach(Box::new(Sink), cx.waker());
+            self.driver.attach(Box::new(Sink(self.written.clone())), cx.waker());
         } else if let Some(mut f) = self.meanwhile.take() {
             f(&self.driver);
         }
@@ -79,7 +83,12 @@ fn a_wake_during_a_writers_run_is_kept(meanwhile: Meanwhile) {
     let (engine, mut progress) = Engine::detached("wake-test").unwrap();
     let (_link, d) = driver();
     let runs = Arc::new(AtomicUsize::new(0));
-    engine.register(Box::new(Conn { driver: d.clone(), runs: runs.clone(), meanwhile: Some(meanwhile) }));
+    engine.register(Box::new(Conn {
+        driver: d.clone(),
+        runs: runs.clone(),
+        written: Arc::default(),
+        meanwhile: Some(meanwhile),
+    }));
     assert_eq!(settle(&mut progress, &runs), 1, "attached");
     // Work for the writer: the task is woken for it.
     d.shared.kick();
@@ -116,10 +125,45 @@ fn writer_wakes_are_merged_until_its_step() {
     let (engine, mut progress) = Engine::detached("wake-test").unwrap();
     let (_link, d) = driver();
     let runs = Arc::new(AtomicUsize::new(0));
-    engine.register(Box::new(Conn { driver: d.clone(), runs: runs.clone(), meanwhile: None }));
+    engine.register(Box::new(Conn {
+        driver: d.clone(),
+        runs: runs.clone(),
+        written: Arc::default(),
+        meanwhile: None,
+    }));
     assert_eq!(settle(&mut progress, &runs), 1);
     for _ in 0..5 {
         d.shared.kick();
     }
     assert_eq!(settle(&mut progress, &runs), 2, "one run for five kicks");
+}
+
+/// A sender that finds a ring's worth of frames queued writes the batch
+/// itself, so the queue never spills: with the engine never run again
+/// (a task on the runtime this sender keeps busy), every frame but the
+/// last few is written, and those few are queued for the engine.
+#[test]
+fn a_sender_writes_the_ring_it_queued() {
+    let (engine, mut progress) = Engine::detached("wake-test").unwrap();
+    let (link, d) = crate::shared::tests::open(1024);
+    let (runs, written) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    engine.register(Box::new(Conn {
+        driver: d.clone(),
+        runs: runs.clone(),
+        written: written.clone(),
+        meanwhile: None,
+    }));
+    assert_eq!(settle(&mut progress, &runs), 1, "attached");
+    let total = 10 * crate::queue::FAST;
+    for i in 0..total {
+        let buf = link.pool().alloc(8, zerocast_mem::Wait::No).unwrap();
+        link.try_send(buf).unwrap();
+        assert!(d.shared.tx.len() < crate::queue::FAST, "the queue reached a ring at send {i}");
+    }
+    let (written, queued) = (written.load(Ordering::SeqCst), d.shared.tx.len());
+    assert_eq!(written + queued, total, "{written} written and {queued} queued");
+    assert!(written > total - crate::queue::FAST, "only {written} of {total} written");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the engine never ran");
+    assert_eq!(settle(&mut progress, &runs), 2, "the engine writes the rest");
+    assert!(d.shared.tx.is_empty());
 }

@@ -9,6 +9,9 @@
 //! hand-off to the engine. That is one thread wake-up less on the latency
 //! path; under load small frames queue up and go out in batches as before. Large frames
 //! ([`DIRECT_LARGE`]) are written by their sender whenever the wire is free.
+//! A sender that finds a ring's worth of frames queued (the engine has not
+//! kept up) writes the whole batch itself when the wire is free
+//! ([`Driver::write_queued_here`]), rather than spill the queue.
 //!
 //! Order: every frame is stamped and written while the wire's lock is held,
 //! and a sending thread writes only when no earlier data frame is queued, so
@@ -173,7 +176,9 @@ impl Driver {
     /// this connection (its wire never waits) and no other thread is
     /// writing: for a sender that polls (`try_send` finding no credit), so
     /// that its queued frames go out without waiting for the engine's
-    /// thread, which a spinning thread may keep from a core.
+    /// thread, which a spinning thread may keep from a core; for a sender
+    /// that finds a ring's worth queued; for a credit frame a release made
+    /// due.
     /// `false`: not written here (no engine drives it, or another thread
     /// holds the wire), so whoever queued must wake the engine.
     pub(crate) fn write_queued_here(&self) -> bool {

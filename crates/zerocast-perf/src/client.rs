@@ -88,22 +88,27 @@ impl Session {
     /// until the server has every one.
     fn bw(&self, dp: &DataPath, spec: &Spec, progress: &Progress) -> anyhow::Result<Row> {
         let warmup = 2 * u64::from(spec.window);
-        for seq in 0..warmup {
-            dp.send(seq).with_context(|| format!("sending warm-up message {seq}"))?;
-        }
         let until = Until::new(spec);
         let mut slices = Slices::new(spec.window, spec.duration_ms.is_none().then_some(spec.iters));
-        let start = Instant::now();
-        let mut i = 0u64;
-        while !until.done(i, start) {
-            let seq = warmup + i;
-            dp.send(seq).with_context(|| format!("sending message {seq}"))?;
-            slices.sent(i);
-            i += 1;
-            if i % 1024 == 0 {
-                progress.test_at(until.fraction(i, start));
+        // The whole stream is one loop, which the async API runs in one
+        // task, as an async application would (see `DataPath::drive`).
+        let (i, start) = dp.drive(async {
+            for seq in 0..warmup {
+                dp.send_async(seq).await.with_context(|| format!("sending warm-up message {seq}"))?;
             }
-        }
+            let start = Instant::now();
+            let mut i = 0u64;
+            while !until.done(i, start) {
+                let seq = warmup + i;
+                dp.send_async(seq).await.with_context(|| format!("sending message {seq}"))?;
+                slices.sent(i);
+                i += 1;
+                if i % 1024 == 0 {
+                    progress.test_at(until.fraction(i, start));
+                }
+            }
+            Ok((i, start))
+        })?;
         dp.close();
         let report = self.report()?;
         let elapsed = start.elapsed();

@@ -198,13 +198,8 @@ impl DataPath {
         }
     }
 
-    /// Send message `seq` of the test's size.
-    pub(crate) fn send(&self, seq: u64) -> anyhow::Result<()> {
-        self.drive(self.send_async(seq))
-    }
-
-    /// [`DataPath::send`], awaited inside a loop that [`DataPath::drive`]
-    /// runs.
+    /// Send message `seq` of the test's size, awaited inside a loop that
+    /// [`DataPath::drive`] runs.
     pub(crate) async fn send_async(&self, seq: u64) -> anyhow::Result<()> {
         match &self.io {
             Io::Raw(conn) => {
@@ -251,12 +246,6 @@ impl DataPath {
                 tx.send(msg).map_err(send_failed)
             }
         }
-    }
-
-    /// Receive the next message; `None` once the peer closed and every
-    /// message before its goodbye was received.
-    pub(crate) fn recv(&self) -> anyhow::Result<Option<Got>> {
-        self.drive(self.recv_then(|got| async move { Ok(got) }))
     }
 
     /// Receive the next message and run `then` on it while it is still

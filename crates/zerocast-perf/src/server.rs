@@ -116,13 +116,17 @@ fn unique_name() -> String {
 
 /// Receive and check every message until the client's goodbye.
 fn sink(dp: &DataPath) -> anyhow::Result<ServerReport> {
-    let mut report = ServerReport { msgs: 0, bytes: 0 };
-    while let Some(got) = dp.recv()? {
-        dp.check(got, report.msgs)?;
-        report.msgs += 1;
-        report.bytes += got.len as u64;
-    }
-    Ok(report)
+    // One loop, which the async API runs in one task (see
+    // `DataPath::drive`).
+    dp.drive(async {
+        let mut report = ServerReport { msgs: 0, bytes: 0 };
+        while let Some(got) = dp.recv_then(|got| async move { Ok(got) }).await? {
+            dp.check(got, report.msgs)?;
+            report.msgs += 1;
+            report.bytes += got.len as u64;
+        }
+        Ok(report)
+    })
 }
 
 /// Send every message back until the client's goodbye.

@@ -173,6 +173,22 @@ fn typed_bw_and_lat() {
 }
 
 #[test]
+fn async_bw_and_lat_over_tcp_and_mem() {
+    let out =
+        ok(&["bw", "--loopback", "--async", "--transport", "tcp,mem", "-s", "64", "-n", "5000", "--json"]);
+    let doc: Value = serde_json::from_str(&out).unwrap();
+    for run in doc["runs"].as_array().unwrap() {
+        assert_eq!(run["async_api"], true, "{run}");
+        let r = &run["results"][0];
+        assert_eq!(r["iterations"], 5000, "{run}");
+        assert!(r["msg_rate_mpps"].as_f64().unwrap() > 0.0, "{run}");
+    }
+    assert_eq!(doc["runs"].as_array().unwrap().len(), 2);
+    let out = ok(&["lat", "--loopback", "--async", "-s", "64", "-n", "300"]);
+    assert_eq!(rows(&out)[0][..2], [64.0, 300.0]);
+}
+
+#[test]
 fn sweep_writes_json_and_a_plot() {
     let dir = std::env::temp_dir().join(format!("zerocast-perf-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -109,3 +109,43 @@ fn a_registration_after_a_batch_reports_what_the_batch_left_behind() {
         }
     }
 }
+
+/// A link read directly by its tasks, as the async API reads `tcp://`,
+/// whose descriptor was just seen readable.
+fn read_directly(n: u32) -> (Link, Driver, Arc<Mutex<Vec<usize>>>) {
+    let (link, driver, queued_after) = backlogged(n);
+    driver.set_source_fd(Arc::new(std::io::stdin()));
+    assert!(link.read_directly(Arc::new(crate::direct_tests::Count::default()), 0));
+    link.source_readable();
+    (link, driver, queued_after)
+}
+
+#[test]
+fn a_task_that_reads_directly_takes_a_ring_at_a_time_with_no_readiness_for_the_rest() {
+    let n = 1000;
+    let (link, _driver, queued_after) = read_directly(n);
+    // One readiness of the descriptor; what each batch leaves is read by
+    // the next look all the same.
+    for i in 0..n {
+        assert_eq!(seq(&link.try_recv().unwrap()), i);
+    }
+    assert!(matches!(link.try_recv(), Err(RecvError::Empty)));
+    let queued_after = queued_after.lock().unwrap();
+    assert!(queued_after.iter().all(|&q| q < FAST), "{queued_after:?}");
+    let pumps = queued_after.iter().filter(|&&q| q > 0).count();
+    assert_eq!(pumps, (n as usize).div_ceil(FAST), "one pump per batch");
+}
+
+#[test]
+fn a_wait_for_credit_reads_what_a_direct_readers_batch_left() {
+    let n = 300;
+    let (link, _driver, _) = read_directly(n);
+    assert_eq!(seq(&link.try_recv().unwrap()), 0);
+    // A task that now waits for credit (which may be among the frames the
+    // batch left, with no readiness to come) reads them all.
+    assert!(link.pump_for_credit());
+    assert_eq!(link.stats().queued, n as usize - 1);
+    for i in 1..n {
+        assert_eq!(seq(&link.try_recv().unwrap()), i);
+    }
+}

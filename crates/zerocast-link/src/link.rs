@@ -524,7 +524,12 @@ impl Link {
     /// ([`Link::shared_source`]), it watches that one and calls
     /// [`crate::SharedSource::dispatch`] on each readiness, which raises
     /// this connection's hint and tells `notify` when its source has news.
-    /// The engine stops reading, but for its timer (heartbeats, a stalled
+    /// A `try_recv` that returns a message may leave more read but not
+    /// yet handed over (a batch, see [`crate::Driver::batch_done`]), which
+    /// no readiness of the descriptor announces: call it until
+    /// [`RecvError::Empty`] (or [`Link::pump_for_credit`] once, which
+    /// reads it all) before waiting on the descriptor again, as
+    /// edge-triggered readiness asks anyway. The engine stops reading, but for its timer (heartbeats, a stalled
     /// frame); `notify` is told of what others deliver (the engine, a
     /// failure, the end). For an async runtime, whose reactor then wakes
     /// the receiving task itself. `false` if the connection was registered

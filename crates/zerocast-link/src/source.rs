@@ -187,20 +187,24 @@ impl Driver {
     /// a receiving thread's pump stops once its frames fill the delivery
     /// queue's lock-free ring, which that thread empties before it pumps
     /// again, so a window of thousands of small messages flows through
-    /// the ring and never its spill list. Every other pump takes
-    /// everything: the engine's (nobody else may read for the
-    /// application), a task's that reads directly (its wake-ups follow the
-    /// descriptor), a sender's looking for credit, and a look at the
+    /// the ring and never its spill list. A task that reads directly does
+    /// the same; what its batch leaves, no readiness of the descriptor
+    /// would announce, so the hint of [`Driver::read_again`] has its next
+    /// look (a receive, or a wait for credit) read it. Every other pump
+    /// takes everything: the engine's (nobody else may read for the
+    /// application), a sender's looking for credit, and a look at the
     /// counters.
     #[inline]
     pub fn batch_done(&self, frames: usize) -> bool {
-        let done = frames >= crate::queue::FAST
-            && self.shared.batch_pump.load(Ordering::Relaxed)
-            && !self.reads_directly();
+        let done = frames >= crate::queue::FAST && self.shared.batch_pump.load(Ordering::Relaxed);
         if done {
-            // What it leaves is read when the connection is registered
-            // for readiness (see `Link::register`).
-            self.shared.batch_left.store(true, Ordering::SeqCst);
+            if self.reads_directly() {
+                self.read_again();
+            } else {
+                // What it leaves is read when the connection is registered
+                // for readiness (see `Link::register`).
+                self.shared.batch_left.store(true, Ordering::SeqCst);
+            }
         }
         done
     }

@@ -16,6 +16,7 @@
 //! waiting tasks through the connection's readiness registration.
 
 use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
@@ -31,12 +32,41 @@ use crate::poller::AlreadyRegistered;
 /// of its source brings (credit, the end). Woken together by a delivery
 /// the engine queues, or by the reactor when the source's descriptor
 /// turns readable; each then tries again.
+///
+/// It also counts its notifications, so that a task can register only if
+/// none came since it started to look ([`RecvWakers::add_unless_notified`]):
+/// one look per poll instead of a second one after registering.
 #[derive(Debug, Default)]
-pub(crate) struct RecvWakers(Mutex<Wakers>);
+pub(crate) struct RecvWakers {
+    set: Mutex<Wakers>,
+    /// Notifications so far, raised under `set`'s lock.
+    notified: AtomicU64,
+}
 
 impl RecvWakers {
     pub(crate) fn add(&self, waker: &Waker) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).add(waker);
+        self.set.lock().unwrap_or_else(|p| p.into_inner()).add(waker);
+    }
+
+    /// The notifications so far: read before a look at what the task
+    /// waits for, and handed to [`RecvWakers::add_unless_notified`] after.
+    pub(crate) fn seen(&self) -> u64 {
+        self.notified.load(Ordering::SeqCst)
+    }
+
+    /// Hold `waker`, unless a notification came since `seen`: `false` then,
+    /// and the task looks again. A notifier publishes what it reports
+    /// before it counts it, and counts it under the lock it wakes under,
+    /// so either this sees the count raised, or the notification comes
+    /// after the registration and wakes `waker`; and whatever was reported
+    /// before `seen` was read, the look after it found.
+    pub(crate) fn add_unless_notified(&self, waker: &Waker, seen: u64) -> bool {
+        let mut set = self.set.lock().unwrap_or_else(|p| p.into_inner());
+        if self.notified.load(Ordering::SeqCst) != seen {
+            return false;
+        }
+        set.add(waker);
+        true
     }
 }
 
@@ -44,7 +74,9 @@ impl Notify for RecvWakers {
     fn notify(&self, _token: usize) {
         // Woken under the lock, which keeps the set's allocation: a wake
         // only schedules a task.
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).wake_all();
+        let mut set = self.set.lock().unwrap_or_else(|p| p.into_inner());
+        self.notified.fetch_add(1, Ordering::SeqCst);
+        set.wake_all();
     }
 }
 
@@ -127,10 +159,14 @@ impl Reading {
 
     /// Take with `try_recv` what is there, reading the source first
     /// whenever the reactor says its descriptor is readable; otherwise
-    /// register the task and look again. A `try_recv` that finds nothing
-    /// arms the registration (and the reactor's readiness, once taken, is
-    /// asked again), so whatever comes after the last look is reported,
-    /// and whatever came between two looks is found by the second.
+    /// register the task. A `try_recv` that finds nothing arms the
+    /// registration (and the reactor's readiness, once taken, is asked
+    /// again), so whatever comes after the look is reported. The task is
+    /// registered at once if nothing was reported since the look began;
+    /// if something was, it is registered anyway and looks once more, as
+    /// before a registration it could not make conditional: the reactor
+    /// of a task out of its cooperative budget reports (wakes) at once
+    /// on every look, so looking until a quiet one would never end.
     pub(crate) fn poll<T, E: RecvOutcome>(
         &self,
         link: &Link,
@@ -139,6 +175,7 @@ impl Reading {
     ) -> Poll<Result<T, E>> {
         let mut registered = false;
         loop {
+            let seen = self.wakers.seen();
             // What is queued comes first; the reactor is asked only when
             // the queue is empty.
             let read = !link.has_queued() && self.readable(link);
@@ -149,7 +186,7 @@ impl Reading {
             if read {
                 continue;
             }
-            if registered {
+            if registered || self.wakers.add_unless_notified(cx.waker(), seen) {
                 return Poll::Pending;
             }
             self.wakers.add(cx.waker());
@@ -184,10 +221,12 @@ impl Reading {
             return false;
         }
         self.wakers.add(cx.waker());
-        match self.direct {
-            Some(Direct::Shared(_)) => self.readable(link) || link.pump_for_credit(),
-            _ => self.readable(link) && link.pump_for_credit(),
-        }
+        // The reactor's readiness raises the link's hint (a shared
+        // descriptor's wake raises it itself), and so does a receive's
+        // batch that left frames staged, which no readiness announces (see
+        // `Driver::batch_done`): the pump reads whenever the hint is up.
+        let readable = self.readable(link);
+        readable | link.pump_for_credit()
     }
 
     /// Whether the reactor saw the source's own descriptor readable since
@@ -263,5 +302,41 @@ impl RecvOutcome for crate::TypedRecvError {
             crate::TypedRecvError::Recv(e) => Some(e),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    /// A waker that counts its wakes.
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A notification that comes between a task's look and its
+    /// registration sends it back to look; one after the registration
+    /// wakes it, once.
+    #[test]
+    fn a_notification_during_a_look_is_not_lost() {
+        let wakers = RecvWakers::default();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let seen = wakers.seen();
+        wakers.notify(0);
+        assert!(!wakers.add_unless_notified(&waker, seen), "registered past a notification");
+        let seen = wakers.seen();
+        assert!(wakers.add_unless_notified(&waker, seen));
+        assert!(wakers.add_unless_notified(&waker, seen), "held once");
+        wakers.notify(0);
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        wakers.notify(0);
+        assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken only while registered");
     }
 }

@@ -329,6 +329,15 @@ fn weighted_credits_bound_bytes_and_messages() {
     // The receiver charges one credit per KiB begun past the first.
     assert_eq!((cost(0, 1024), cost(1023, 1024), cost(1024, 1024), cost(64 << 10, 1024)), (1, 1, 2, 65));
     assert_eq!(cost(u64::MAX, 1024), u32::MAX, "saturates");
+    // A unit that is not a power of two divides; one that is shifts: the
+    // same count either way.
+    assert_eq!((cost(2999, 1500), cost(3000, 1500), cost(u64::MAX, 1500)), (2, 3, u32::MAX));
+    for unit in [1024u32, 1500, 4096, 4097, 1 << 20] {
+        for len in [0u64, 1, 1023, 1024, 4095, 4096, 4097, 65_535, 65_536, 1 << 30, (1 << 40) + 7] {
+            let want = u32::try_from(1 + len / u64::from(unit)).unwrap_or(u32::MAX);
+            assert_eq!(cost(len, unit), want, "len {len}, unit {unit}");
+        }
+    }
     assert_eq!((cost(1 << 30, 0), min_window(1 << 20, 0)), (1, MIN_WINDOW));
     assert_eq!(min_window(64 << 10, 1024), 2 * 65);
     let (mut a, mut b) =

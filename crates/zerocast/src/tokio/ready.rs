@@ -164,9 +164,9 @@ impl Reading {
     /// again), so whatever comes after the look is reported. The task is
     /// registered at once if nothing was reported since the look began;
     /// if something was, it is registered anyway and looks once more, as
-    /// before a registration it could not make conditional: the reactor
-    /// of a task out of its cooperative budget reports (wakes) at once
-    /// on every look, so looking until a quiet one would never end.
+    /// before: the reactor may report on every look (a task out of its
+    /// cooperative budget is woken at once, outside a worker), so looking
+    /// until a quiet one might never end.
     pub(crate) fn poll<T, E: RecvOutcome>(
         &self,
         link: &Link,

@@ -91,6 +91,9 @@ impl Wake for RecvWakers {
     }
 }
 
+/// Reads of the source a waiting task makes in one poll, at most.
+const WAITER_READS: usize = 4;
+
 /// The source's descriptor, held (and so kept open) for the reactor.
 struct Watched(SourceFd);
 
@@ -197,18 +200,28 @@ impl Reading {
     /// `poll` (a send, a wait for credit or for the end) again while it is
     /// pending and a read of the source ([`Reading::pump_for_waiter`]) may
     /// have brought what it waits for: no task but the waiting ones reads
-    /// a connection its tasks read.
+    /// a connection its tasks read. A few reads per poll at most: a read
+    /// that finds the source held by another thread's pump keeps the hint
+    /// for the next look, and that pump's end wakes no one here, so past
+    /// them the task yields (woken at once) rather than spin on a worker.
     pub(crate) fn poll_waiting<T>(
         &self,
         link: &Link,
         cx: &mut Context<'_>,
         mut poll: impl FnMut(&mut Context<'_>) -> Poll<T>,
     ) -> Poll<T> {
-        loop {
+        for _ in 0..WAITER_READS {
             match poll(cx) {
                 Poll::Pending if self.pump_for_waiter(link, cx) => {}
                 r => return r,
             }
+        }
+        match poll(cx) {
+            Poll::Pending => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            r => r,
         }
     }
 

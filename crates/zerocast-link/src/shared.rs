@@ -132,6 +132,10 @@ pub(crate) struct Shared {
     /// begun: further wake-ups for the writer are merged into that run
     /// (see [`Shared::kick`]; the step clears it).
     pub(crate) scheduled: AtomicBool,
+    /// The engine's writer found the wire held by a sending thread and
+    /// left it to that thread, which wakes the writer when it lets go (see
+    /// [`Shared::hand_writer_back`]).
+    pub(crate) writer_wanted: AtomicBool,
     /// An application thread receives on this connection and reads the
     /// source itself: the engine leaves the reading to it (see
     /// [`crate::Driver::reader_claimed`]).
@@ -221,6 +225,7 @@ impl Shared {
             source_hint: AtomicBool::new(true),
             credit_sleeper: Mutex::new(None),
             scheduled: AtomicBool::new(false),
+            writer_wanted: AtomicBool::new(false),
             claimed: AtomicBool::new(false),
             handback: AtomicBool::new(false),
             source_wakes: AtomicBool::new(false),

@@ -167,3 +167,38 @@ fn a_sender_writes_the_ring_it_queued() {
     assert_eq!(settle(&mut progress, &runs), 2, "the engine writes the rest");
     assert!(d.shared.tx.is_empty());
 }
+
+/// The engine's writer never waits for a wire a sending thread holds: it
+/// leaves the queue to that thread, which wakes it when it lets go, and
+/// the writer then writes what is queued.
+#[test]
+fn the_writer_leaves_a_held_wire_and_is_woken_when_it_is_let_go() {
+    let (engine, mut progress) = Engine::detached("wake-test").unwrap();
+    let (link, d) = driver();
+    let (runs, written) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    engine.register(Box::new(Conn {
+        driver: d.clone(),
+        runs: runs.clone(),
+        written: written.clone(),
+        meanwhile: None,
+    }));
+    assert_eq!(settle(&mut progress, &runs), 1, "attached");
+    // A sending thread holds the wire (this one, which the engine would
+    // deadlock on if it waited).
+    let held = d.shared.wire.0.get().unwrap().lock().unwrap();
+    // Sends find the wire taken and queue their frames for the writer,
+    // which is woken for them.
+    for _ in 0..3 {
+        link.try_send(link.pool().alloc(8, zerocast_mem::Wait::No).unwrap()).unwrap();
+    }
+    assert_eq!(settle(&mut progress, &runs), 2, "the writer ran, and returned");
+    assert_eq!(
+        (d.shared.tx.len(), written.load(Ordering::SeqCst)),
+        (3, 0),
+        "nothing written past the held wire"
+    );
+    drop(held);
+    d.shared.hand_writer_back();
+    assert_eq!(settle(&mut progress, &runs), 3, "woken when the wire was let go");
+    assert_eq!((d.shared.tx.len(), written.load(Ordering::SeqCst)), (0, 3), "and it wrote the queue");
+}

@@ -17,7 +17,8 @@
 //! and a sending thread writes only when no earlier data frame is queued, so
 //! frames reach the wire in the order they were stamped.
 
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, TryLockError};
 use std::time::Instant;
 
 use zerocast_core::{ConnError, FrameKind, Reservation};
@@ -125,10 +126,6 @@ enum Written {
 
 pub(crate) type WireLock = Mutex<Box<dyn Wire>>;
 
-fn lock_wire(w: &WireLock) -> MutexGuard<'_, Box<dyn Wire>> {
-    w.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Driver {
     /// Drive the writer from an engine: use `wire` from now on (sending
     /// threads may too), and tell the engine task through `waker` when
@@ -145,10 +142,29 @@ impl Driver {
         let shared = &*self.shared;
         // Cleared before looking, so work queued from here on wakes the
         // task again.
-        shared.scheduled.store(false, std::sync::atomic::Ordering::SeqCst);
+        shared.scheduled.store(false, Ordering::SeqCst);
         let Some(wire) = shared.wire.0.get() else { return Writing::Finished };
         let ctx = WireCtx { shared };
-        let mut w = lock_wire(wire);
+        // A sending thread that holds the wire is writing (a quiet link's
+        // frame, or the queue); the engine, which drives every connection
+        // of its thread, does not wait for it: it asks to be woken when
+        // the wire is let go, then tries once more, so either the second
+        // try finds the wire free or the holder sees the request.
+        let mut w = match wire.try_lock() {
+            Ok(w) => w,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                shared.writer_wanted.store(true, Ordering::SeqCst);
+                match wire.try_lock() {
+                    Ok(w) => w,
+                    Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                    Err(TryLockError::WouldBlock) => {
+                        return Writing::Idle { next: self.heartbeat_deadline() }
+                    }
+                }
+            }
+        };
+        shared.writer_wanted.store(false, Ordering::Relaxed);
         if let Err(e) = w.flush(&ctx) {
             self.fail(e);
             return Writing::Finished;
@@ -198,6 +214,8 @@ impl Driver {
         // What is left (a backlog, the end) is the engine's to act on: the
         // wire wakes it for a backlog, a failure or the end does too.
         let _ = self.write_queued(&mut **w, &WireCtx { shared }, false);
+        drop(w);
+        shared.hand_writer_back();
         true
     }
 
@@ -247,6 +265,15 @@ impl Driver {
 }
 
 impl Shared {
+    /// A sending thread let go of the wire: if the engine's writer found it
+    /// held meanwhile and left its work to this thread, wake the writer.
+    #[inline]
+    pub(crate) fn hand_writer_back(&self) {
+        if self.writer_wanted.load(Ordering::SeqCst) && self.writer_wanted.swap(false, Ordering::SeqCst) {
+            self.kick();
+        }
+    }
+
     pub(crate) fn check_heartbeat(&self) -> Result<(), ConnError> {
         let mut st = self.lock();
         if let Some(e) = &st.failed {
@@ -299,6 +326,7 @@ impl Shared {
             Frame { header: stamp.header(FrameKind::Data, buf.len() as u64), payload: Some(buf), tag: 0 };
         let res = w.write(std::slice::from_mut(&mut frame), &WireCtx { shared: self });
         drop(w);
+        self.hand_writer_back();
         drop(frame);
         if let Err(e) = res {
             self.fail(&mut self.lock(), e);

@@ -76,20 +76,35 @@ fn settle(progress: &mut Progress, runs: &AtomicUsize) -> usize {
     panic!("the engine never settled");
 }
 
+/// A hand-driven engine running one task shaped like a backend's for
+/// `d`, run once (attached); the task's run count and the frames its wire
+/// took.
+struct Attached {
+    _engine: Engine,
+    progress: Progress,
+    runs: Arc<AtomicUsize>,
+    written: Arc<AtomicUsize>,
+}
+
+fn attached(d: &Driver, meanwhile: Option<Meanwhile>) -> Attached {
+    let (engine, mut progress) = Engine::detached("wake-test").unwrap();
+    let (runs, written) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    engine.register(Box::new(Conn {
+        driver: d.clone(),
+        runs: runs.clone(),
+        written: written.clone(),
+        meanwhile,
+    }));
+    assert_eq!(settle(&mut progress, &runs), 1, "attached");
+    Attached { _engine: engine, progress, runs, written }
+}
+
 /// The task runs for its writer (frames were queued), and while it runs,
 /// past its look around and before its writer's step, `meanwhile` asks
 /// for another run: it gets one.
 fn a_wake_during_a_writers_run_is_kept(meanwhile: Meanwhile) {
-    let (engine, mut progress) = Engine::detached("wake-test").unwrap();
     let (_link, d) = driver();
-    let runs = Arc::new(AtomicUsize::new(0));
-    engine.register(Box::new(Conn {
-        driver: d.clone(),
-        runs: runs.clone(),
-        written: Arc::default(),
-        meanwhile: Some(meanwhile),
-    }));
-    assert_eq!(settle(&mut progress, &runs), 1, "attached");
+    let Attached { mut progress, runs, .. } = attached(&d, Some(meanwhile));
     // Work for the writer: the task is woken for it.
     d.shared.kick();
     assert_eq!(settle(&mut progress, &runs), 3, "the writer's run, then the one asked for during it");
@@ -122,16 +137,8 @@ fn an_unclaim_during_a_writers_run_is_kept() {
 /// Wakes for the writer alone are merged while its step is due.
 #[test]
 fn writer_wakes_are_merged_until_its_step() {
-    let (engine, mut progress) = Engine::detached("wake-test").unwrap();
     let (_link, d) = driver();
-    let runs = Arc::new(AtomicUsize::new(0));
-    engine.register(Box::new(Conn {
-        driver: d.clone(),
-        runs: runs.clone(),
-        written: Arc::default(),
-        meanwhile: None,
-    }));
-    assert_eq!(settle(&mut progress, &runs), 1);
+    let Attached { mut progress, runs, .. } = attached(&d, None);
     for _ in 0..5 {
         d.shared.kick();
     }
@@ -144,16 +151,8 @@ fn writer_wakes_are_merged_until_its_step() {
 /// last few is written, and those few are queued for the engine.
 #[test]
 fn a_sender_writes_the_ring_it_queued() {
-    let (engine, mut progress) = Engine::detached("wake-test").unwrap();
     let (link, d) = crate::shared::tests::open(1024);
-    let (runs, written) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    engine.register(Box::new(Conn {
-        driver: d.clone(),
-        runs: runs.clone(),
-        written: written.clone(),
-        meanwhile: None,
-    }));
-    assert_eq!(settle(&mut progress, &runs), 1, "attached");
+    let Attached { mut progress, runs, written, .. } = attached(&d, None);
     let total = 10 * crate::queue::FAST;
     for i in 0..total {
         let buf = link.pool().alloc(8, zerocast_mem::Wait::No).unwrap();
@@ -173,16 +172,8 @@ fn a_sender_writes_the_ring_it_queued() {
 /// the writer then writes what is queued.
 #[test]
 fn the_writer_leaves_a_held_wire_and_is_woken_when_it_is_let_go() {
-    let (engine, mut progress) = Engine::detached("wake-test").unwrap();
     let (link, d) = driver();
-    let (runs, written) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    engine.register(Box::new(Conn {
-        driver: d.clone(),
-        runs: runs.clone(),
-        written: written.clone(),
-        meanwhile: None,
-    }));
-    assert_eq!(settle(&mut progress, &runs), 1, "attached");
+    let Attached { mut progress, runs, written, .. } = attached(&d, None);
     // A sending thread holds the wire (this one, which the engine would
     // deadlock on if it waited).
     let held = d.shared.wire.0.get().unwrap().lock().unwrap();

@@ -18,7 +18,7 @@
 //! frames reach the wire in the order they were stamped.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, TryLockError};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 
 use zerocast_core::{ConnError, FrameKind, Reservation};
@@ -126,6 +126,16 @@ enum Written {
 
 pub(crate) type WireLock = Mutex<Box<dyn Wire>>;
 
+/// The wire, if no other thread holds it now (a poisoned lock is taken
+/// anyway). Every writer, the engine's included, only tries it.
+fn try_wire(w: &WireLock) -> Option<MutexGuard<'_, Box<dyn Wire>>> {
+    match w.try_lock() {
+        Ok(w) => Some(w),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
 impl Driver {
     /// Drive the writer from an engine: use `wire` from now on (sending
     /// threads may too), and tell the engine task through `waker` when
@@ -150,20 +160,11 @@ impl Driver {
         // of its thread, does not wait for it: it asks to be woken when
         // the wire is let go, then tries once more, so either the second
         // try finds the wire free or the holder sees the request.
-        let mut w = match wire.try_lock() {
-            Ok(w) => w,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => {
-                shared.writer_wanted.store(true, Ordering::SeqCst);
-                match wire.try_lock() {
-                    Ok(w) => w,
-                    Err(TryLockError::Poisoned(p)) => p.into_inner(),
-                    Err(TryLockError::WouldBlock) => {
-                        return Writing::Idle { next: self.heartbeat_deadline() }
-                    }
-                }
-            }
-        };
+        let held = try_wire(wire).or_else(|| {
+            shared.writer_wanted.store(true, Ordering::SeqCst);
+            try_wire(wire)
+        });
+        let Some(mut w) = held else { return Writing::Idle { next: self.heartbeat_deadline() } };
         shared.writer_wanted.store(false, Ordering::Relaxed);
         if let Err(e) = w.flush(&ctx) {
             self.fail(e);
@@ -206,11 +207,7 @@ impl Driver {
             return true;
         }
         let Some(wire) = shared.wire.0.get() else { return false };
-        let mut w = match wire.try_lock() {
-            Ok(w) => w,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return false,
-        };
+        let Some(mut w) = try_wire(wire) else { return false };
         // What is left (a backlog, the end) is the engine's to act on: the
         // wire wakes it for a backlog, a failure or the end does too.
         let _ = self.write_queued(&mut **w, &WireCtx { shared }, false);
@@ -305,11 +302,7 @@ impl Shared {
         // The state stays locked: the wire is only tried, never waited
         // for, against the usual order (the wire first), so no thread
         // holding the wire and waiting for the state is waited on.
-        let mut w = match wire.try_lock() {
-            Ok(w) => w,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return Err((st, buf, r)),
-        };
+        let Some(mut w) = try_wire(wire) else { return Err((st, buf, r)) };
         self.fold_releases(&mut st);
         let starved = st.credits.peer_may_be_starved();
         let stamp = st.credits.commit(r);

@@ -231,13 +231,7 @@ mod tests {
         let waiters = Arc::new(RecvWakers::default());
         let rt = ::tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let hub = rt.block_on(async { HubFd::watch(src.clone(), &waiters).expect("registered") });
-        struct Woken(AtomicUsize);
-        impl Wake for Woken {
-            fn wake(self: Arc<Self>) {
-                self.0.fetch_add(1, Ordering::SeqCst);
-            }
-        }
-        let woken = Arc::new(Woken(AtomicUsize::new(0)));
+        let woken = Arc::new(super::super::ready::tests::Count(AtomicUsize::new(0)));
         waiters.add(&Waker::from(woken.clone()));
         assert!(!hub.is_dead());
         drop(rt);

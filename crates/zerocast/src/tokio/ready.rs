@@ -319,13 +319,13 @@ impl RecvOutcome for crate::TypedRecvError {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
 
-    /// A waker that counts its wakes.
-    struct Count(AtomicUsize);
+    /// A waker that counts its wakes (the hub's tests use it too).
+    pub(crate) struct Count(pub(crate) AtomicUsize);
 
     impl Wake for Count {
         fn wake(self: Arc<Self>) {

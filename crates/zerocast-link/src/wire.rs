@@ -37,6 +37,10 @@ pub(crate) const DIRECT_MAX_OUTSTANDING: u32 = 4;
 /// batch, so a hand-off to the engine would only add a wake-up.
 pub(crate) const DIRECT_LARGE: usize = 16 * 1024;
 
+/// Times the engine's writer gives its core away, at most, after it wrote
+/// queued frames and drained the queue, and writes what came meanwhile.
+const LINGER: usize = 2;
+
 /// A backend's write path, driven by its engine task and by sending threads.
 pub trait Wire: Send {
     /// Write `frames`, in order, now, on the calling thread. Called with the
@@ -155,17 +159,9 @@ impl Driver {
         shared.scheduled.store(false, Ordering::SeqCst);
         let Some(wire) = shared.wire.0.get() else { return Writing::Finished };
         let ctx = WireCtx { shared };
-        // A sending thread that holds the wire is writing (a quiet link's
-        // frame, or the queue); the engine, which drives every connection
-        // of its thread, does not wait for it: it asks to be woken when
-        // the wire is let go, then tries once more, so either the second
-        // try finds the wire free or the holder sees the request.
-        let held = try_wire(wire).or_else(|| {
-            shared.writer_wanted.store(true, Ordering::SeqCst);
-            try_wire(wire)
-        });
-        let Some(mut w) = held else { return Writing::Idle { next: self.heartbeat_deadline() } };
-        shared.writer_wanted.store(false, Ordering::Relaxed);
+        let Some(mut w) = self.take_wire_for_engine(wire) else {
+            return Writing::Idle { next: self.heartbeat_deadline() };
+        };
         if let Err(e) = w.flush(&ctx) {
             self.fail(e);
             return Writing::Finished;
@@ -175,7 +171,12 @@ impl Driver {
         if tick && shared.check_heartbeat().is_err() {
             return Writing::Finished;
         }
-        match self.write_queued(&mut **w, &ctx, tick) {
+        let mut written = 0;
+        let res = self.write_queued(&mut **w, &ctx, tick, &mut written);
+        let Some(res) = self.linger(wire, w, &ctx, res, written) else {
+            return Writing::Idle { next: self.heartbeat_deadline() };
+        };
+        match res {
             Written::Backlog => Writing::Backlog,
             Written::Stop => Writing::Finished,
             Written::Drained => {
@@ -187,6 +188,65 @@ impl Driver {
                 Writing::Idle { next: self.heartbeat_deadline() }
             }
         }
+    }
+
+    /// After a writer step that wrote `written` queued frames and stopped
+    /// at `res`, holding `w`: linger, and write what comes meanwhile.
+    ///
+    /// Frames were queued, so the link is under load (a quiet one's sender
+    /// writes its own), most often a stream whose sender queues frames
+    /// about as fast as they go out. Each one it queues after the writer
+    /// went idle wakes the engine again (an eventfd write, a thread woken)
+    /// for a batch of a few frames, with the sender and the engine taking
+    /// turns at the connection's locks. So the writer keeps the task
+    /// scheduled (frames queued meanwhile wake no one), lets go of the wire
+    /// (a sender that fills a ring writes it itself), yields its core (to
+    /// that sender, when they share one), and writes what came. Only on an
+    /// engine's own thread, a few times per turn ([`crate::engine::may_linger`]).
+    ///
+    /// Where the writer stopped; `None` if a sending thread holds the wire
+    /// now (it wakes the writer when it lets go).
+    fn linger<'w>(
+        &self,
+        wire: &'w WireLock,
+        mut w: MutexGuard<'w, Box<dyn Wire>>,
+        ctx: &WireCtx<'_>,
+        mut res: Written,
+        mut written: usize,
+    ) -> Option<Written> {
+        let shared = &*self.shared;
+        for _ in 0..LINGER {
+            if written == 0 || !matches!(res, Written::Drained) || !crate::engine::may_linger() {
+                break;
+            }
+            shared.scheduled.store(true, Ordering::SeqCst);
+            drop(w);
+            std::thread::yield_now();
+            // Cleared before looking, as at the step's start.
+            shared.scheduled.store(false, Ordering::SeqCst);
+            if shared.tx.is_empty() {
+                break;
+            }
+            w = self.take_wire_for_engine(wire)?;
+            written = 0;
+            res = self.write_queued(&mut **w, ctx, false, &mut written);
+        }
+        Some(res)
+    }
+
+    /// The wire, for the engine's writer, which drives every connection of
+    /// its thread and so does not wait for a sending thread that holds it
+    /// (writing a quiet link's frame, or the queue): it asks to be woken
+    /// when the wire is let go, then tries once more, so either the second
+    /// try finds the wire free or the holder sees the request.
+    fn take_wire_for_engine<'w>(&self, wire: &'w WireLock) -> Option<MutexGuard<'w, Box<dyn Wire>>> {
+        let shared = &*self.shared;
+        let w = try_wire(wire).or_else(|| {
+            shared.writer_wanted.store(true, Ordering::SeqCst);
+            try_wire(wire)
+        })?;
+        shared.writer_wanted.store(false, Ordering::Relaxed);
+        Some(w)
     }
 
     /// Write what is queued on the calling thread, if an engine drives
@@ -210,7 +270,7 @@ impl Driver {
         let Some(mut w) = try_wire(wire) else { return false };
         // What is left (a backlog, the end) is the engine's to act on: the
         // wire wakes it for a backlog, a failure or the end does too.
-        let _ = self.write_queued(&mut **w, &WireCtx { shared }, false);
+        let _ = self.write_queued(&mut **w, &WireCtx { shared }, false, &mut 0);
         drop(w);
         shared.hand_writer_back();
         true
@@ -219,9 +279,9 @@ impl Driver {
     /// Stamp and write, through `w` (whose lock the caller holds), what is
     /// queued, and with `tick` the heartbeat's frame, until the queue is
     /// empty or the wire keeps a backlog. For writers that never wait (an
-    /// engine's, or a sending thread's for it). A write error fails the
-    /// connection.
-    fn write_queued(&self, w: &mut dyn Wire, ctx: &WireCtx<'_>, tick: bool) -> Written {
+    /// engine's, or a sending thread's for it), counting the frames into
+    /// `written`. A write error fails the connection.
+    fn write_queued(&self, w: &mut dyn Wire, ctx: &WireCtx<'_>, tick: bool, written: &mut usize) -> Written {
         let shared = &*self.shared;
         // The connection's one batch: only the thread holding the wire
         // locks it.
@@ -243,6 +303,7 @@ impl Driver {
                 Fill::Empty => continue,
                 Fill::Stop => return Written::Stop,
             }
+            *written += batch.len();
             let res = w.write(&mut batch, ctx);
             batch.clear();
             if let Err(e) = res {

@@ -24,6 +24,8 @@ mod watch;
 
 pub use watch::FdWatch;
 
+pub(crate) use run::may_linger;
+
 use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

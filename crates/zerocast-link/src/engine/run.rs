@@ -29,6 +29,29 @@ std::thread_local! {
     /// The engine whose turn this thread is running (its `Inner`'s
     /// address), if any.
     static TURN_OF: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// Yields left to this turn's writers ([`may_linger`]): refilled at
+    /// each turn of an engine on its own thread, never elsewhere.
+    static LINGERS: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+}
+
+/// Yields per turn of an engine's own thread that its writers may make.
+pub(super) const LINGERS_PER_TURN: u8 = 4;
+
+/// Whether a writer of the turn running on this thread may yield the core
+/// once and look at its queue again (each `true` spends one of the turn's
+/// [`LINGERS_PER_TURN`]). Only on an
+/// engine's own thread: an engine driven by a runtime's task shares its
+/// thread with the senders, which a yield of the thread would not let run.
+/// A few times per turn: an engine drives thousands of connections, and a
+/// turn of many streams should not yield for each.
+pub(crate) fn may_linger() -> bool {
+    LINGERS.with(|l| match l.get() {
+        0 => false,
+        n => {
+            l.set(n - 1);
+            true
+        }
+    })
 }
 
 /// Whether this thread is inside a turn of the engine `inner`.
@@ -94,6 +117,7 @@ pub(super) struct Runner {
 pub(super) fn run(inner: Arc<Inner>) {
     let mut r = Runner::new(inner);
     while !r.finished() {
+        LINGERS.with(|l| l.set(LINGERS_PER_TURN));
         let timeout = r.timers.next().map(|at| at.saturating_duration_since(Instant::now()));
         if let Err(e) = r.turn(timeout) {
             tracing::error!(engine = %r.inner.name, error = %e, "epoll_wait failed; the engine stops");

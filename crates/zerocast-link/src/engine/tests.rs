@@ -224,3 +224,41 @@ fn a_wake_from_inside_a_turn_runs_in_that_turn_and_a_turn_always_ends() {
     assert_eq!(p2.arm(), Ok(None), "nothing left pending");
     drop(engine);
 }
+
+/// Asks, at each run, how many of its writers' yields the turn allows
+/// ([`may_linger`]), and sends the count.
+struct Lingers(std::sync::mpsc::Sender<usize>);
+
+impl Task for Lingers {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
+    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
+        let allowed = (0..2 * usize::from(run::LINGERS_PER_TURN)).take_while(|_| may_linger()).count();
+        let _ = self.0.send(allowed);
+        if cx.woken() {
+            Step::Continue
+        } else {
+            Step::Done
+        }
+    }
+}
+
+/// Writers yield their core only on an engine's own thread, and a turn
+/// allows a few yields in all, however many its writers ask for: an engine
+/// driven by a runtime's task shares its thread with the senders, and one
+/// thread drives thousands of connections.
+#[test]
+fn writers_linger_only_on_an_engines_own_thread_and_a_few_times_per_turn() {
+    assert!(!may_linger(), "outside any engine");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let engine = Engine::start("zc-test-linger").unwrap();
+    engine.register(Box::new(Lingers(tx.clone())));
+    let allowed = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(allowed, usize::from(run::LINGERS_PER_TURN), "asked for twice the turn's allowance");
+    let (detached, mut p) = Engine::detached("zc-test-linger-detached").unwrap();
+    detached.register(Box::new(Lingers(tx)));
+    settle(&mut p);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 0, "a detached engine's turn");
+}

@@ -186,6 +186,13 @@ impl Waker {
             // Woken by another task of the same turn: the turn runs it
             // before it ends, with no eventfd write and read.
             woken.local = true;
+        } else if let Some(driver) = woken.driver.clone() {
+            // A runtime's task drives the engine and waits: wake it as the
+            // runtime wakes tasks (a task of the same worker runs it next
+            // there), with no eventfd write and read.
+            woken.quiet = true;
+            drop(woken);
+            driver.wake();
         } else {
             self.inner.signal(&mut woken);
         }
@@ -336,6 +343,9 @@ impl Progress {
     /// that came before the wait is lost: the descriptor stays readable
     /// while work is pending (every registration is level-triggered).
     pub fn arm(&mut self) -> Result<Option<Instant>, Pending> {
+        if self.has_quiet_wakeups() {
+            return Err(Pending);
+        }
         let next = self.runner.next_timer();
         if next.is_some_and(|t| t <= Instant::now()) {
             return Err(Pending);
@@ -347,6 +357,28 @@ impl Progress {
             Ok(0) => Ok(next),
             _ => Err(Pending),
         }
+    }
+
+    /// Have `waker` (a runtime's task that drives this engine) woken,
+    /// instead of the engine's descriptor, when a task of the engine is
+    /// woken from outside its turns; `None` to stop. For a task that
+    /// waits for the engine: set it before [`Progress::arm`], and look at
+    /// [`Progress::has_quiet_wakeups`] whenever woken. A wake-up through a
+    /// runtime's waker costs no system call, and a runtime runs the woken
+    /// task on the waker's worker, next (tokio does), rather than on another
+    /// worker beside the task that woke it.
+    pub fn wake_with(&self, waker: Option<&std::task::Waker>) {
+        let mut woken = self.runner.inner().lock_woken();
+        match (&mut woken.driver, waker) {
+            (Some(old), Some(new)) if old.will_wake(new) => {}
+            (slot, new) => *slot = new.cloned(),
+        }
+    }
+
+    /// Whether a task was woken through the waker of
+    /// [`Progress::wake_with`] since the last turn: progress.
+    pub fn has_quiet_wakeups(&self) -> bool {
+        self.runner.inner().lock_woken().quiet
     }
 
     /// Whether every handle of the engine and every task is gone.
@@ -419,6 +451,13 @@ struct Woken {
     /// Tokens were added from inside a turn, without the eventfd: the turn
     /// takes them before it ends.
     local: bool,
+    /// Tokens were added from outside a turn through the waiting driver's
+    /// waker (see [`Progress::wake_with`]), without the eventfd: the next
+    /// turn takes them, and `arm` reports them.
+    quiet: bool,
+    /// The waker of the runtime's task that drives the engine, once it
+    /// handed it over ([`Progress::wake_with`]).
+    driver: Option<std::task::Waker>,
 }
 
 /// What the engine's thread and its handles share.

@@ -262,3 +262,53 @@ fn writers_linger_only_on_an_engines_own_thread_and_a_few_times_per_turn() {
     settle(&mut p);
     assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 0, "a detached engine's turn");
 }
+
+/// A runtime's waker, counting its wakes.
+struct DriverWake(AtomicUsize);
+
+impl std::task::Wake for DriverWake {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// While a driving task's waker is set, a task woken from outside the
+/// engine's turns wakes that waker, not the engine's descriptor, and the
+/// next turn runs the task; without it, the descriptor is rung again.
+#[test]
+fn a_wake_from_another_thread_reaches_the_driving_tasks_waker_and_no_wake_is_lost() {
+    let (engine, mut p) = Engine::detached("test").unwrap();
+    let (runs, me) = (Arc::new(AtomicUsize::new(0)), Arc::new(Mutex::new(None)));
+    let relay = Relay { next: Arc::new(Mutex::new(None)), me: me.clone(), runs: runs.clone(), left: 0 };
+    engine.register(Box::new(relay));
+    settle(&mut p);
+    let task = me.lock().unwrap().clone().expect("the task ran");
+    let count = Arc::new(DriverWake(AtomicUsize::new(0)));
+    p.wake_with(Some(&std::task::Waker::from(count.clone())));
+    assert_eq!(p.arm(), Ok(None));
+    let readable = |p: &Progress| {
+        let fd = p.fd();
+        let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+        rustix::event::poll(&mut fds, Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 })).unwrap() > 0
+    };
+    let wake = |w: &Waker| {
+        let w = w.clone();
+        std::thread::spawn(move || w.wake()).join().unwrap();
+    };
+    wake(&task);
+    assert_eq!(count.0.load(Ordering::SeqCst), 1, "the driving task's waker");
+    assert!(!readable(&p), "the eventfd was not rung");
+    assert!(p.has_quiet_wakeups());
+    assert_eq!(p.arm(), Err(Pending), "arm reports the wake-up");
+    let before = runs.load(Ordering::SeqCst);
+    p.progress();
+    assert_eq!(runs.load(Ordering::SeqCst), before + 1, "the next turn runs the task");
+    assert!(!p.has_quiet_wakeups());
+    assert_eq!(p.arm(), Ok(None));
+    p.wake_with(None);
+    wake(&task);
+    assert_eq!(count.0.load(Ordering::SeqCst), 1, "no waker once unset");
+    assert!(readable(&p), "the eventfd rung instead");
+    settle(&mut p);
+    assert_eq!(runs.load(Ordering::SeqCst), before + 2);
+}

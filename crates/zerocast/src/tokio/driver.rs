@@ -1,7 +1,9 @@
 //! An engine driven by a tokio task: its epoll descriptor is an
 //! [`AsyncFd`], and the task follows the engine's rule — progress until
 //! nothing is pending, arm, and wait only if arming succeeded — so no
-//! event that came before the wait is lost, and no timer polls.
+//! event that came before the wait is lost, and no timer polls. Wake-ups
+//! of the engine's tasks from other threads wake the driving task through
+//! its waker ([`Progress::wake_with`]), registered before it arms.
 
 use std::future::{poll_fn, Future};
 use std::os::fd::{AsRawFd, RawFd};
@@ -57,9 +59,21 @@ pub(crate) async fn drive(progress: Progress) {
             let p = &mut fd.get_mut().0;
             p.progress();
             if p.is_finished() {
+                p.wake_with(None);
                 return;
             }
-            match p.arm() {
+            // Wake-ups of the engine's tasks from here on wake this task,
+            // as the runtime wakes tasks, rather than ring the engine's
+            // eventfd (which would reach this task through the reactor, on
+            // whichever worker polls it): so a sending task's hand-off to
+            // its engine runs on its own worker, once it yields.
+            let armed = poll_fn(|cx| {
+                let p = &mut fd.get_mut().0;
+                p.wake_with(Some(cx.waker()));
+                Poll::Ready(p.arm())
+            })
+            .await;
+            match armed {
                 Ok(next) => break next,
                 // Work keeps coming: let the runtime's other tasks run
                 // between turns.
@@ -72,13 +86,19 @@ pub(crate) async fn drive(progress: Progress) {
         }
         // Wait for the descriptor or the timer. Readiness is cleared before
         // each progress, so an event after it raises a new edge.
-        let watched = poll_fn(|cx| match fd.poll_read_ready_mut(cx) {
-            Poll::Ready(r) => Poll::Ready(r.map(drop)),
-            Poll::Pending => timer.as_mut().poll(cx).map(Ok),
+        let watched = poll_fn(|cx| {
+            if fd.get_ref().0.has_quiet_wakeups() {
+                return Poll::Ready(Ok(()));
+            }
+            match fd.poll_read_ready_mut(cx) {
+                Poll::Ready(r) => Poll::Ready(r.map(drop)),
+                Poll::Pending => timer.as_mut().poll(cx).map(Ok),
+            }
         })
         .await;
         if let Err(e) = watched {
             tracing::error!(error = %e, "zerocast: the engine's descriptor failed in the reactor");
+            fd.get_ref().0.wake_with(None);
             return;
         }
     }

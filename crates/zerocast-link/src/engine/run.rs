@@ -39,11 +39,11 @@ pub(super) const LINGERS_PER_TURN: u8 = 4;
 
 /// Whether a writer of the turn running on this thread may yield the core
 /// once and look at its queue again (each `true` spends one of the turn's
-/// [`LINGERS_PER_TURN`]). Only on an
-/// engine's own thread: an engine driven by a runtime's task shares its
-/// thread with the senders, which a yield of the thread would not let run.
-/// A few times per turn: an engine drives thousands of connections, and a
-/// turn of many streams should not yield for each.
+/// [`LINGERS_PER_TURN`]). Only on an engine's own thread: an engine driven
+/// by a runtime's task shares its thread with the senders, which a yield
+/// of the thread would not let run. A few times per turn: an engine drives
+/// thousands of connections, and a turn of many streams should not yield
+/// for each.
 pub(crate) fn may_linger() -> bool {
     LINGERS.with(|l| match l.get() {
         0 => false,

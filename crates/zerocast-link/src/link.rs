@@ -531,9 +531,10 @@ impl Link {
     /// reads it all) before waiting on the descriptor again, as
     /// edge-triggered readiness asks anyway. The engine stops reading,
     /// but for its timer (heartbeats, a stalled frame); `notify` is told
-    /// of what others deliver (the engine, a failure, the end). For an async runtime, whose reactor then wakes
-    /// the receiving task itself. `false` if the connection was registered
-    /// before or has no source descriptor of either kind.
+    /// of what others deliver (the engine, a failure, the end). For an
+    /// async runtime, whose reactor then wakes the receiving task itself.
+    /// `false` if the connection was registered before or has no source
+    /// descriptor of either kind.
     pub fn read_directly(&self, notify: Arc<dyn Notify>, token: usize) -> bool {
         if self.shared.source_fd.0.get().is_none() && self.shared.shared_source.0.get().is_none() {
             return false;

@@ -148,15 +148,8 @@ mod tests {
 
     #[test]
     fn a_task_that_found_the_turn_taken_is_woken_when_it_is_passed_on() {
-        struct Count(std::sync::atomic::AtomicUsize);
-        impl std::task::Wake for Count {
-            fn wake(self: Arc<Self>) {
-                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-        let woken = Arc::new(Count(Default::default()));
-        let waker = Waker::from(Arc::clone(&woken));
-        let count = || woken.0.load(std::sync::atomic::Ordering::SeqCst);
+        let (woken, waker) = crate::WakeCount::new();
+        let count = || woken.get();
         let l = TurnLock::new(());
         assert!(!l.wake_when_free(&waker), "free: try again now");
         let t = l.try_lock().expect("free");

@@ -263,15 +263,6 @@ fn writers_linger_only_on_an_engines_own_thread_and_a_few_times_per_turn() {
     assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 0, "a detached engine's turn");
 }
 
-/// A runtime's waker, counting its wakes.
-struct DriverWake(AtomicUsize);
-
-impl std::task::Wake for DriverWake {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
 /// While a driving task's waker is set, a task woken from outside the
 /// engine's turns wakes that waker, not the engine's descriptor, and the
 /// next turn runs the task; without it, the descriptor is rung again.
@@ -283,8 +274,8 @@ fn a_wake_from_another_thread_reaches_the_driving_tasks_waker_and_no_wake_is_los
     engine.register(Box::new(relay));
     settle(&mut p);
     let task = me.lock().unwrap().clone().expect("the task ran");
-    let count = Arc::new(DriverWake(AtomicUsize::new(0)));
-    p.wake_with(Some(&std::task::Waker::from(count.clone())));
+    let (count, driver) = crate::WakeCount::new();
+    p.wake_with(Some(&driver));
     assert_eq!(p.arm(), Ok(None));
     let readable = |p: &Progress| {
         let fd = p.fd();
@@ -296,7 +287,7 @@ fn a_wake_from_another_thread_reaches_the_driving_tasks_waker_and_no_wake_is_los
         std::thread::spawn(move || w.wake()).join().unwrap();
     };
     wake(&task);
-    assert_eq!(count.0.load(Ordering::SeqCst), 1, "the driving task's waker");
+    assert_eq!(count.get(), 1, "the driving task's waker");
     assert!(!readable(&p), "the eventfd was not rung");
     assert!(p.has_quiet_wakeups());
     assert_eq!(p.arm(), Err(Pending), "arm reports the wake-up");
@@ -307,7 +298,7 @@ fn a_wake_from_another_thread_reaches_the_driving_tasks_waker_and_no_wake_is_los
     assert_eq!(p.arm(), Ok(None));
     p.wake_with(None);
     wake(&task);
-    assert_eq!(count.0.load(Ordering::SeqCst), 1, "no waker once unset");
+    assert_eq!(count.get(), 1, "no waker once unset");
     assert!(readable(&p), "the eventfd rung instead");
     settle(&mut p);
     assert_eq!(runs.load(Ordering::SeqCst), before + 2);

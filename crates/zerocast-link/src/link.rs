@@ -622,9 +622,12 @@ impl Link {
     }
 
     /// `End` was taken: put it back for any other receiver, and say why.
+    /// Put back as it first came, through the readiness registration: a
+    /// receiving task that looked while this one held it found the queue
+    /// empty and armed, and is waiting for this report.
     #[cold]
-    fn ended(&self) -> RecvError {
-        let _ = self.shared.delivered.push(Delivery::End);
+    pub(crate) fn ended(&self) -> RecvError {
+        let _ = self.shared.push_delivery(Delivery::End);
         match &self.shared.lock().failed {
             Some(e) => RecvError::Failed(e.clone()),
             None => RecvError::Disconnected,
@@ -656,7 +659,7 @@ impl Link {
             match d {
                 Delivery::Msg(buf, _) => drop(RecvBuf::new(buf, self.shared.clone())),
                 Delivery::End => {
-                    let _ = self.shared.delivered.push(Delivery::End);
+                    let _ = self.shared.push_delivery(Delivery::End);
                     break;
                 }
             }

@@ -97,3 +97,41 @@ impl Readiness {
         !is_empty() && self.armed.swap(false, Ordering::SeqCst)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    use zerocast_core::RecvError;
+
+    use crate::direct_tests::Count;
+    use crate::shared::Delivery;
+
+    /// The end stays for every receiver: the one that takes it puts it
+    /// back. A receiver that looked while it was out found the queue
+    /// empty and armed; putting it back reports it, or that receiver would
+    /// wait forever.
+    #[test]
+    fn the_end_put_back_for_other_receivers_is_reported() {
+        let (link, driver, _pool) = crate::test_link();
+        let told = Arc::new(Count::default());
+        assert!(link.notify_on_ready(told.clone(), 0));
+        // The peer vanished: the connection fails, and its end is queued.
+        driver.on_end();
+        assert_eq!(told.0.load(Ordering::SeqCst), 1, "the end is reported");
+        // One receiver has just taken the end, and not yet put it back.
+        let taken = driver.shared.delivered.try_pop();
+        assert!(matches!(taken, Some(Delivery::End)));
+        // Another looks meanwhile: nothing there, so it arms and waits.
+        assert!(matches!(link.try_recv(), Err(RecvError::Empty)));
+        // The first puts it back.
+        let why = link.ended();
+        assert!(matches!(why, RecvError::Failed(_)), "{why}");
+        assert_eq!(told.0.load(Ordering::SeqCst), 2, "the waiting receiver is told");
+        for _ in 0..2 {
+            let again = link.try_recv().expect_err("the end, for every receiver");
+            assert_eq!(again.to_string(), why.to_string());
+        }
+    }
+}

@@ -219,11 +219,11 @@ impl Link {
                 // sender runs on, which runs only once the sender yields).
                 // Write the batch from here rather than grow the queue's
                 // spill list, one lock per frame.
-                if self.shared.tx.len() >= crate::queue::FAST {
-                    drop(st);
-                    if self.reader.write_queued_here() {
-                        return Ok(());
-                    }
+                // The state lock goes first: the engine's writer takes it
+                // to stamp the batch, and the wake may be a system call.
+                drop(st);
+                if self.shared.tx.len() >= crate::queue::FAST && self.reader.write_queued_here() {
+                    return Ok(());
                 }
                 self.shared.kick();
                 Ok(())

@@ -282,10 +282,17 @@ impl Driver {
                 return Err(self.fail(ConnError::Unsupported("rendezvous")));
             }
         }
-        self.shared.fold_releases(&mut st);
+        let mut kick = self.shared.fold_releases_here(&mut st);
         let goodbye_due = st.local_closed && !st.goodbye_sent;
         if st.credits.wants_credit_frame() || (goodbye_due && header.credits > 0) {
-            self.shared.wake_writer(&mut st);
+            kick |= self.shared.queue_writer_wake(&mut st);
+        }
+        // The writer is woken once the lock is let go: a wake from a
+        // receiving thread is a system call, and the writer takes the lock
+        // to stamp the credit frame.
+        drop(st);
+        if kick {
+            self.shared.kick();
         }
         Ok(())
     }

@@ -272,11 +272,20 @@ impl Shared {
 
     /// Queue a wake-up for the writer unless one is already queued.
     pub(crate) fn wake_writer(&self, st: &mut State) {
-        if !st.wake_queued {
-            st.wake_queued = true;
-            let _ = self.tx.push(Outgoing::Wake);
+        if self.queue_writer_wake(st) {
             self.kick();
         }
+    }
+
+    /// [`Shared::wake_writer`] for a caller that lets go of the state lock
+    /// before it wakes anyone: `true` if it must [`Shared::kick`] then.
+    pub(crate) fn queue_writer_wake(&self, st: &mut State) -> bool {
+        if st.wake_queued {
+            return false;
+        }
+        st.wake_queued = true;
+        let _ = self.tx.push(Outgoing::Wake);
+        true
     }
 
     /// How long a thread waits in the source's pump before it looks around
@@ -419,8 +428,10 @@ impl Shared {
     /// Inlined: an empty `try_recv` calls it on every spin.
     #[inline(always)]
     pub(crate) fn fold_pending(&self) {
-        if self.released.load(Ordering::Acquire) > 0 {
-            self.fold_releases(&mut self.lock());
+        // The lock is let go before the kick: the wake may be a system
+        // call, and the writer takes the lock to stamp its batch.
+        if self.released.load(Ordering::Acquire) > 0 && self.fold_releases_here(&mut self.lock()) {
+            self.kick();
         }
     }
 

@@ -7,10 +7,11 @@
 //! ```
 //!
 //! `KIND` is `zc` (raw buffers over tcp), `zc-mem`, `async` (raw buffers
-//! over tcp through `zerocast::tokio`), `typed`, `typed-mem`, `raw` (batched socket baseline), `naive`, `gathered`, or `zmq` (ZeroMQ
-//! PUSH/PULL, with `--features zeromq`). Prints messages per batch
-//! and batches run, so syscall counts can be divided per message; it prints
-//! no rate.
+//! over tcp through `zerocast::tokio`), `typed`, `typed-mem`, `raw`
+//! (batched socket baseline), `naive`, `gathered`, or `zmq` (ZeroMQ
+//! PUSH/PULL, with `--features zeromq`). Prints messages per batch and
+//! batches run, so syscall counts can be divided per message; it prints no
+//! rate.
 
 use zerocast_benches::{
     bench_link, msgs_per_batch, run, AsyncZcPipe, Baseline, BoxError, Pipe, RawPipe, Small, TypedPipe, ZcPipe,

@@ -218,14 +218,14 @@ impl Link {
         match self.shared.tx.push(Outgoing::Data(buf, reservation, tag)) {
             Ok(()) => {
                 st.queued_data += 1;
+                // The state lock goes first: the engine's writer takes it
+                // to stamp the batch, and the wake may be a system call.
+                drop(st);
                 // A ring's worth queued: the engine has not kept up (its
                 // thread is busy, or it is a task on the runtime this
                 // sender runs on, which runs only once the sender yields).
                 // Write the batch from here rather than grow the queue's
                 // spill list, one lock per frame.
-                // The state lock goes first: the engine's writer takes it
-                // to stamp the batch, and the wake may be a system call.
-                drop(st);
                 if self.shared.tx.len() >= crate::queue::FAST && self.reader.write_queued_here() {
                     return Ok(());
                 }

@@ -181,11 +181,7 @@ impl Link {
                         st = self.shared.lock();
                     }
                     None => {
-                        let due = self.shared.fold_releases_here(&mut st);
-                        drop(st);
-                        if due {
-                            self.shared.kick();
-                        }
+                        self.shared.fold_releases_unlocked(st);
                         return Err(SendError::Full(buf));
                     }
                     Some(deadline) => {

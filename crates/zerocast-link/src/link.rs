@@ -181,7 +181,11 @@ impl Link {
                         st = self.shared.lock();
                     }
                     None => {
-                        self.shared.fold_releases_unlocked(st);
+                        let due = self.shared.fold_releases_here(&mut st);
+                        drop(st);
+                        if due {
+                            self.shared.kick();
+                        }
                         return Err(SendError::Full(buf));
                     }
                     Some(deadline) => {

@@ -424,22 +424,14 @@ impl Shared {
         }
     }
 
-    /// [`Shared::fold_releases`] that lets go of the state lock before it
-    /// wakes the writer: the wake may be a system call, and the writer
-    /// takes the lock to stamp its batch.
-    pub(crate) fn fold_releases_unlocked(&self, mut st: MutexGuard<'_, State>) {
-        if self.fold_releases_here(&mut st) {
-            drop(st);
-            self.kick();
-        }
-    }
-
-    /// [`Shared::fold_releases_unlocked`], taking the lock only if any is
-    /// pending. Inlined: an empty `try_recv` calls it on every spin.
+    /// [`Shared::fold_releases`], taking the lock only if any is pending.
+    /// Inlined: an empty `try_recv` calls it on every spin.
     #[inline(always)]
     pub(crate) fn fold_pending(&self) {
-        if self.released.load(Ordering::Acquire) > 0 {
-            self.fold_releases_unlocked(self.lock());
+        // The lock is let go before the kick: the wake may be a system
+        // call, and the writer takes the lock to stamp its batch.
+        if self.released.load(Ordering::Acquire) > 0 && self.fold_releases_here(&mut self.lock()) {
+            self.kick();
         }
     }
 

@@ -190,7 +190,7 @@ impl Waker {
             // A runtime's task drives the engine and waits: wake it as the
             // runtime wakes tasks (a task of the same worker runs it next
             // there), with no eventfd write and read.
-            self.inner.quiet.store(true, Ordering::SeqCst);
+            woken.quiet = true;
             drop(woken);
             driver.wake();
         } else {
@@ -378,7 +378,7 @@ impl Progress {
     /// Whether a task was woken through the waker of
     /// [`Progress::wake_with`] since the last turn: progress.
     pub fn has_quiet_wakeups(&self) -> bool {
-        self.runner.inner().quiet.load(Ordering::SeqCst)
+        self.runner.inner().lock_woken().quiet
     }
 
     /// Whether every handle of the engine and every task is gone.
@@ -451,6 +451,10 @@ struct Woken {
     /// Tokens were added from inside a turn, without the eventfd: the turn
     /// takes them before it ends.
     local: bool,
+    /// Tokens were added from outside a turn through the waiting driver's
+    /// waker (see [`Progress::wake_with`]), without the eventfd: the next
+    /// turn takes them, and `arm` reports them.
+    quiet: bool,
     /// The waker of the runtime's task that drives the engine, once it
     /// handed it over ([`Progress::wake_with`]).
     driver: Option<std::task::Waker>,
@@ -463,12 +467,6 @@ struct Inner {
     eventfd: OwnedFd,
     woken: Mutex<Woken>,
     incoming: Mutex<Vec<Box<dyn Task>>>,
-    /// Tokens were added from outside a turn through the waiting driver's
-    /// waker (see [`Progress::wake_with`]), without the eventfd: the next
-    /// turn takes them, and `arm` reports them. Raised and lowered under
-    /// `woken`'s lock, with the tokens; read without it, so that a turn
-    /// of an engine no runtime drives takes no lock to learn it is down.
-    quiet: AtomicBool,
     /// No handle is left: end once no task is.
     closing: AtomicBool,
 }
@@ -485,7 +483,6 @@ impl Inner {
             eventfd,
             woken: Mutex::new(Woken::default()),
             incoming: Mutex::new(Vec::new()),
-            quiet: AtomicBool::new(false),
             closing: AtomicBool::new(false),
         })
     }

@@ -192,7 +192,7 @@ impl Runner {
             };
             self.dispatch(token, why, now);
         }
-        if woke || self.inner.quiet.load(Ordering::SeqCst) {
+        if woke || self.inner.lock_woken().quiet {
             self.take_wakeups(now);
         }
         while let Some(token) = self.timers.pop_due(now, |token, at| timer_check(&mut self.slots, token, at))
@@ -246,7 +246,7 @@ impl Runner {
     fn take_wakeups(&mut self, now: Instant) {
         {
             let mut woken = self.inner.lock_woken();
-            self.inner.quiet.store(false, Ordering::SeqCst);
+            woken.quiet = false;
             if std::mem::take(&mut woken.signalled) {
                 let mut counter = [0u8; 8];
                 let _ = rustix::io::read(self.inner.eventfd.as_fd(), &mut counter);

@@ -28,6 +28,29 @@ pub struct Frame {
     pub tag: u32,
 }
 
+/// What a writer writes at once: the staged small frames' bytes (see
+/// [`crate::staged`]), then frames.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) frames: Vec<Frame>,
+}
+
+impl Batch {
+    pub(crate) fn with_capacity(frames: usize) -> Self {
+        Self { bytes: Vec::new(), frames: Vec::with_capacity(frames) }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.bytes.is_empty() && self.frames.is_empty()
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.bytes.clear();
+        self.frames.clear();
+    }
+}
+
 /// What [`Driver::fill_from`] made of the queue.
 pub(crate) enum Fill {
     /// Frames to write.
@@ -81,17 +104,21 @@ impl Driver {
         Self { shared, _outgoing: None }
     }
 
-    /// Stamp `first` and, with `drain`, whatever else is queued into
-    /// `batch`, with the credit frame, goodbye or heartbeat that is due.
-    pub(crate) fn fill_from(&self, first: Option<Outgoing>, batch: &mut Vec<Frame>, drain: bool) -> Fill {
+    /// Take what is staged into `batch`, then stamp `first` and, with
+    /// `drain`, whatever else is queued into it, with the credit frame,
+    /// goodbye or heartbeat that is due.
+    pub(crate) fn fill_from(&self, first: Option<Outgoing>, batch: &mut Batch, drain: bool) -> Fill {
         let mut st = self.shared.lock();
+        // Staged frames were stamped before anything stamped here.
+        crate::staged::take(&self.shared, &mut st, &mut batch.bytes);
         self.shared.fold_releases(&mut st);
         let starved = st.credits.peer_may_be_starved();
         if let Some(first) = first {
-            self.stamp(&mut st, first, batch);
-            while batch.len() < self.shared.max_batch && drain {
+            let frames = &mut batch.frames;
+            self.stamp(&mut st, first, frames);
+            while frames.len() < self.shared.max_batch && drain {
                 match self.shared.tx.try_pop() {
-                    Some(item) => self.stamp(&mut st, item, batch),
+                    Some(item) => self.stamp(&mut st, item, frames),
                     None => break,
                 }
             }
@@ -103,15 +130,25 @@ impl Driver {
         // After both goodbyes nothing is sent: the peer will not send
         // again, so returning its credits would only leave a frame
         // unacknowledged behind a peer that is going away.
-        if batch.is_empty() && !(st.goodbye_sent && st.peer_closed) {
+        // Staged frames took their credits when they were stamped, so they
+        // do not count here: a credit frame due since goes out behind them.
+        if batch.frames.is_empty() && !(st.goodbye_sent && st.peer_closed) {
             if let Some(stamp) = st.credits.poll_credit_frame() {
-                batch.push(Frame { header: stamp.header(FrameKind::Credit, 0), payload: None, tag: 0 });
+                batch.frames.push(Frame {
+                    header: stamp.header(FrameKind::Credit, 0),
+                    payload: None,
+                    tag: 0,
+                });
             }
         }
         if st.local_closed && !st.goodbye_sent && st.queued_data == 0 {
             if let Some(stamp) = st.credits.poll_control_frame() {
                 st.goodbye_sent = true;
-                batch.push(Frame { header: stamp.header(FrameKind::Control, 0), payload: None, tag: 0 });
+                batch.frames.push(Frame {
+                    header: stamp.header(FrameKind::Control, 0),
+                    payload: None,
+                    tag: 0,
+                });
             }
         }
         if let Some(hb) = self.shared.heartbeat {
@@ -129,7 +166,7 @@ impl Driver {
             if batch.is_empty() && now >= st.last_tx + hb {
                 if let Some(stamp) = st.credits.poll_heartbeat_frame() {
                     let header = stamp.header(FrameKind::Credit, 0);
-                    batch.push(Frame { header, payload: None, tag: 0 });
+                    batch.frames.push(Frame { header, payload: None, tag: 0 });
                 }
                 // Sent, or blocked: the peer holds our credits, so it
                 // does not count our silence; try again next interval.

@@ -79,6 +79,9 @@ mod recv;
 mod repost;
 mod shared;
 mod source;
+mod staged;
+#[cfg(test)]
+mod staged_tests;
 mod turn;
 #[cfg(test)]
 mod wake_tests;

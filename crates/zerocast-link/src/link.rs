@@ -199,8 +199,15 @@ impl Link {
             }
         };
         let (mut st, buf, reservation) = if tag == 0 {
-            match self.shared.try_direct(st, buf, reservation) {
+            let (st, buf, reservation) = match self.shared.try_direct(st, buf, reservation) {
                 Ok(()) => return Ok(()),
+                Err(back) => back,
+            };
+            match self.shared.try_stage(st, buf, reservation) {
+                Ok(next) => {
+                    self.after_staging(next);
+                    return Ok(());
+                }
                 Err(back) => back,
             }
         } else {
@@ -243,6 +250,18 @@ impl Link {
                 }
             }
             Err(_) => unreachable!("only Data is sent here"),
+        }
+    }
+
+    /// A frame was staged (the state lock is let go): tell the writer, or
+    /// write a ring's worth here.
+    #[inline]
+    fn after_staging(&self, next: crate::staged::Next) {
+        use crate::staged::Next;
+        match next {
+            Next::Nothing => {}
+            Next::Write if self.reader.write_queued_here() => {}
+            Next::Kick | Next::Write => self.shared.kick(),
         }
     }
 

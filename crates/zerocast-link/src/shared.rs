@@ -60,6 +60,9 @@ pub(crate) struct State {
     pub(crate) task_waiters: crate::Wakers,
     /// Data frames the sending thread wrote itself.
     pub(crate) direct_sends: u64,
+    /// Small data frames stamped by their senders for the writer, as bytes
+    /// (see [`crate::staged`]).
+    pub(crate) staged: crate::staged::Staged,
     /// A `Wake` is queued for the writer.
     pub(crate) wake_queued: bool,
     /// `End` was delivered to the application.
@@ -146,7 +149,15 @@ pub(crate) struct Shared {
     /// The batch an engine's writer, or a sending thread writing for it
     /// ([`crate::Driver::write_queued_here`]), fills; locked only by the
     /// thread holding the wire.
-    pub(crate) spare_batch: Mutex<Vec<crate::Frame>>,
+    pub(crate) spare_batch: Mutex<crate::driver::Batch>,
+    /// Payloads up to this size are staged as bytes (see
+    /// [`crate::staged`]); 0 for a wire that takes only frames. Set once,
+    /// as the wire is attached.
+    pub(crate) stage_max: AtomicUsize,
+    /// Frames may be staged: raised by the sender that stages into an
+    /// empty area, lowered by the writer that takes it, both under the
+    /// state lock.
+    pub(crate) staged_hint: AtomicBool,
     /// Receiving threads waiting for deliveries while another reads the
     /// source (see [`Shared::claim`]).
     pub(crate) queue_waiters: AtomicUsize,
@@ -189,6 +200,7 @@ impl Shared {
             failed: None,
             queued_data: 0,
             direct_sends: 0,
+            staged: Default::default(),
             cv_waiters: 0,
             task_waiters: crate::Wakers::default(),
             wake_queued: false,
@@ -231,7 +243,9 @@ impl Shared {
             source_wakes: AtomicBool::new(false),
             interrupt_watched: AtomicBool::new(false),
             queue_waiters: AtomicUsize::new(0),
-            spare_batch: Mutex::new(Vec::with_capacity(setup.config.max_batch + 2)),
+            spare_batch: Mutex::new(crate::driver::Batch::with_capacity(setup.config.max_batch + 2)),
+            stage_max: AtomicUsize::new(0),
+            staged_hint: AtomicBool::new(false),
             released: AtomicU32::new(0),
             release_batch: (setup.config.recv_window / 8).clamp(1, 32),
         };

@@ -52,6 +52,27 @@ pub trait Wire: Send {
     /// the socket down, say).
     fn write(&mut self, frames: &mut [Frame], ctx: &WireCtx<'_>) -> Result<(), ConnError>;
 
+    /// Payloads up to this many bytes may come to [`Wire::write_staged`]
+    /// already encoded, header then payload, as the frames' wire format
+    /// (see the link's staging of small frames); 0, the default: the wire
+    /// takes only [`Frame`]s. Asked once, when the wire is attached.
+    fn stages_up_to(&self) -> usize {
+        0
+    }
+
+    /// [`Wire::write`], with `bytes` ahead of `frames`: stamped data frames
+    /// already in wire format, never empty unless [`Wire::stages_up_to`]
+    /// is above 0.
+    fn write_staged(
+        &mut self,
+        bytes: &[u8],
+        frames: &mut [Frame],
+        ctx: &WireCtx<'_>,
+    ) -> Result<(), ConnError> {
+        debug_assert!(bytes.is_empty(), "bytes staged for a wire that takes only frames");
+        self.write(frames, ctx)
+    }
+
     /// Bytes taken by [`Wire::write`] that the device has not taken yet
     /// (a socket that was full). A wire that keeps such a backlog calls
     /// [`WireCtx::kick`], and the engine then waits for the device and
@@ -145,6 +166,7 @@ impl Driver {
     /// threads may too), and tell the engine task through `waker` when
     /// there is work (call once, before the first [`Driver::drive_writer`]).
     pub fn attach(&self, wire: Box<dyn Wire>, waker: crate::engine::Waker) {
+        self.shared.stage_max.store(wire.stages_up_to(), Ordering::Relaxed);
         let _ = self.shared.wire.0.set(std::sync::Mutex::new(wire));
         let _ = self.shared.waker.0.set(waker);
     }
@@ -224,7 +246,7 @@ impl Driver {
             std::thread::yield_now();
             // Cleared before looking, as at the step's start.
             shared.scheduled.store(false, Ordering::SeqCst);
-            if shared.tx.is_empty() {
+            if shared.tx.is_empty() && !shared.maybe_staged() {
                 break;
             }
             w = self.take_wire_for_engine(wire)?;
@@ -263,7 +285,7 @@ impl Driver {
         if shared.waker.0.get().is_none() {
             return false;
         }
-        if shared.tx.is_empty() {
+        if shared.tx.is_empty() && !shared.maybe_staged() {
             return true;
         }
         let Some(wire) = shared.wire.0.get() else { return false };
@@ -292,7 +314,7 @@ impl Driver {
                 return Written::Backlog;
             }
             let first = shared.tx.try_pop();
-            if first.is_none() && !tick {
+            if first.is_none() && !tick && !shared.maybe_staged() {
                 return Written::Drained;
             }
             tick = false;
@@ -303,8 +325,9 @@ impl Driver {
                 Fill::Empty => continue,
                 Fill::Stop => return Written::Stop,
             }
-            *written += batch.len();
-            let res = w.write(&mut batch, ctx);
+            *written += batch.frames.len() + usize::from(!batch.bytes.is_empty());
+            let crate::driver::Batch { bytes, frames } = &mut *batch;
+            let res = w.write_staged(bytes, frames, ctx);
             batch.clear();
             if let Err(e) = res {
                 self.fail(e);
@@ -357,7 +380,11 @@ impl Shared {
     ) -> Result<(), (std::sync::MutexGuard<'a, State>, Buf, Reservation)> {
         let Some(wire) = self.wire.0.get() else { return Err((st, buf, r)) };
         let quiet = st.credits.outstanding() <= DIRECT_MAX_OUTSTANDING;
-        if st.queued_data > 0 || st.goodbye_sent || !(quiet || buf.len() >= DIRECT_LARGE) {
+        if st.queued_data > 0
+            || !st.staged.is_empty()
+            || st.goodbye_sent
+            || !(quiet || buf.len() >= DIRECT_LARGE)
+        {
             return Err((st, buf, r));
         }
         // The state stays locked: the wire is only tried, never waited

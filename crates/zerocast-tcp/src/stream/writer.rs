@@ -96,6 +96,27 @@ impl TcpWire {
         Ok(())
     }
 
+    /// Send `bytes` with an empty backlog; what the socket does not take
+    /// becomes the backlog.
+    fn send_or_keep(&mut self, bytes: &[u8]) -> Result<(), ConnError> {
+        let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+        let mut at = 0;
+        while at < bytes.len() {
+            match send(&*self.sock, &bytes[at..], flags) {
+                Ok(k) => at += k,
+                Err(Errno::INTR) => {}
+                Err(Errno::AGAIN) => break,
+                Err(e) => return Err(std::io::Error::from(e).into()),
+            }
+        }
+        if at < bytes.len() {
+            self.staging.clear();
+            self.sent = 0;
+            self.stage(&bytes[at..]);
+        }
+        Ok(())
+    }
+
     /// One `sendmsg` of up to [`PIECES`] pieces from the front of the
     /// backlog.
     fn send_pieces(&self, flags: SendFlags) -> rustix::io::Result<usize> {
@@ -153,6 +174,20 @@ impl TcpWire {
 
 impl Wire for TcpWire {
     fn write(&mut self, frames: &mut [Frame], ctx: &WireCtx<'_>) -> Result<(), ConnError> {
+        self.write_staged(&[], frames, ctx)
+    }
+
+    /// The payloads it would copy into its staging anyway.
+    fn stages_up_to(&self) -> usize {
+        COPY_MAX
+    }
+
+    fn write_staged(
+        &mut self,
+        bytes: &[u8],
+        frames: &mut [Frame],
+        ctx: &WireCtx<'_>,
+    ) -> Result<(), ConnError> {
         if self.sent > 0 && self.sent >= self.staging.len() / 2 {
             // Written bytes at the front of a long backlog: move the rest
             // down rather than let staging grow.
@@ -160,15 +195,25 @@ impl Wire for TcpWire {
             self.sent = 0;
         }
         let was_empty = self.pieces.is_empty();
-        for f in frames.iter_mut() {
-            self.stage(&f.header.encode());
-            match f.payload.take() {
-                Some(p) if p.len() > COPY_MAX => self.pieces.push_back(Piece::Payload(p)),
-                Some(p) => self.stage(&p),
-                None => {}
+        let res = if was_empty && frames.is_empty() {
+            // Staged frames alone: straight from the link's bytes, and
+            // only what the socket does not take is copied.
+            self.send_or_keep(bytes)
+        } else {
+            if !bytes.is_empty() {
+                self.stage(bytes);
             }
-        }
-        if let Err(e) = self.write_out() {
+            for f in frames.iter_mut() {
+                self.stage(&f.header.encode());
+                match f.payload.take() {
+                    Some(p) if p.len() > COPY_MAX => self.pieces.push_back(Piece::Payload(p)),
+                    Some(p) => self.stage(&p),
+                    None => {}
+                }
+            }
+            self.write_out()
+        };
+        if let Err(e) = res {
             return Err(self.failed(ctx, e));
         }
         if was_empty && !self.pieces.is_empty() {

@@ -13,9 +13,15 @@
 //! kept up) writes the whole batch itself when the wire is free
 //! ([`Driver::write_queued_here`]), rather than spill the queue.
 //!
-//! Order: every frame is stamped and written while the wire's lock is held,
-//! and a sending thread writes only when no earlier data frame is queued, so
-//! frames reach the wire in the order they were stamped.
+//! Under load, a wire that asks for it ([`Wire::stages_up_to`]) gets small
+//! frames already stamped, as bytes (see [`crate::staged`]), rather than
+//! through the queue.
+//!
+//! Order: every frame is stamped and written while the wire's lock is held
+//! (a staged one is stamped into the staging area, which every writer takes
+//! before it stamps anything else), and a sending thread writes only when no
+//! earlier data frame is queued or staged, so frames reach the wire in the
+//! order they were stamped.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard, TryLockError};
@@ -246,10 +252,18 @@ impl Driver {
             std::thread::yield_now();
             // Cleared before looking, as at the step's start.
             shared.scheduled.store(false, Ordering::SeqCst);
+            // A kick the raised flag swallowed meanwhile is looked into
+            // here, whatever it was for: frames queued or staged, or a
+            // backlog that a sending thread's own write left on the wire
+            // (a large frame the socket did not take whole), which only the
+            // engine flushes, once the step says so.
+            w = self.take_wire_for_engine(wire)?;
+            if w.backlog() {
+                return Some(Written::Backlog);
+            }
             if shared.tx.is_empty() && !shared.maybe_staged() {
                 break;
             }
-            w = self.take_wire_for_engine(wire)?;
             written = 0;
             res = self.write_queued(&mut **w, ctx, false, &mut written);
         }

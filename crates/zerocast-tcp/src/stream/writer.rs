@@ -5,6 +5,10 @@
 //! Headers and small payloads are copied into one contiguous staging buffer
 //! (a kernel copy of one long slice is far cheaper than of many short ones);
 //! payloads above [`COPY_MAX`] go out from their pool buffer, zero-copy.
+//! Under load the link stages frames up to that size itself, already in
+//! wire format ([`Wire::write_staged`]); with nothing else waiting they go
+//! out straight from its area, and only what the socket does not take is
+//! copied here.
 //! What the socket does not take at once stays here, in order, as the
 //! backlog: the rest of the staging buffer and the payloads not yet sent.
 //! The engine flushes it when the socket is writable again, and frames

@@ -71,6 +71,8 @@ mod driver;
 pub mod engine;
 mod handoff;
 mod interrupt;
+#[cfg(test)]
+mod linger_tests;
 mod link;
 mod listener;
 mod queue;

@@ -1,6 +1,6 @@
 //! State shared by the application handles and the backend's threads.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,13 @@ pub(crate) enum Delivery {
     /// receiver sees it.
     End,
 }
+
+/// [`Shared::scheduled`]: the writer's step is not due.
+pub(crate) const IDLE: u8 = 0;
+/// [`Shared::scheduled`]: the engine task is woken for its writer.
+pub(crate) const DUE: u8 = 1;
+/// [`Shared::scheduled`]: a lingering writer looks again soon.
+pub(crate) const LINGERING: u8 = 2;
 
 #[derive(Debug)]
 pub(crate) struct State {
@@ -131,10 +138,13 @@ pub(crate) struct Shared {
     /// The application saw [`Shared::source_fd`] readable and has not
     /// pumped since: the next pump reads without asking first.
     pub(crate) source_hint: AtomicBool,
-    /// The engine task is woken for its writer, whose step has not yet
-    /// begun: further wake-ups for the writer are merged into that run
-    /// (see [`Shared::kick`]; the step clears it).
-    pub(crate) scheduled: AtomicBool,
+    /// The writer's step and its wake-ups: [`IDLE`], [`DUE`] (the engine
+    /// task is woken for its writer, whose step has not yet begun: further
+    /// wake-ups for the writer are merged into that run, see
+    /// [`Shared::kick`]; the step clears it), or [`LINGERING`] (a writer
+    /// that lingers looks again soon: a kick then makes it `DUE` without a
+    /// wake, and the writer sees that it was kicked).
+    pub(crate) scheduled: AtomicU8,
     /// The engine's writer found the wire held by a sending thread and
     /// left it to that thread, which wakes the writer when it lets go (see
     /// [`Shared::hand_writer_back`]).
@@ -236,7 +246,7 @@ impl Shared {
             shared_source: Hook::default(),
             source_hint: AtomicBool::new(true),
             credit_sleeper: Mutex::new(None),
-            scheduled: AtomicBool::new(false),
+            scheduled: AtomicU8::new(IDLE),
             writer_wanted: AtomicBool::new(false),
             claimed: AtomicBool::new(false),
             handback: AtomicBool::new(false),
@@ -320,7 +330,7 @@ impl Shared {
     #[inline]
     pub(crate) fn kick(&self) {
         if let Some(waker) = self.waker.0.get() {
-            if !self.scheduled.swap(true, Ordering::SeqCst) {
+            if self.scheduled.swap(DUE, Ordering::SeqCst) == IDLE {
                 waker.wake();
             }
         }

@@ -31,7 +31,7 @@ use zerocast_core::{ConnError, FrameKind, Reservation};
 use zerocast_mem::Buf;
 
 use crate::driver::Fill;
-use crate::shared::{Shared, State};
+use crate::shared::{Shared, State, DUE, IDLE, LINGERING};
 use crate::{Driver, Frame};
 
 /// A sending thread writes its frame itself only while fewer than this many
@@ -184,7 +184,7 @@ impl Driver {
         let shared = &*self.shared;
         // Cleared before looking, so work queued from here on wakes the
         // task again.
-        shared.scheduled.store(false, Ordering::SeqCst);
+        shared.scheduled.store(IDLE, Ordering::SeqCst);
         let Some(wire) = shared.wire.0.get() else { return Writing::Finished };
         let ctx = WireCtx { shared };
         let Some(mut w) = self.take_wire_for_engine(wire) else {
@@ -247,16 +247,20 @@ impl Driver {
             if written == 0 || !matches!(res, Written::Drained) || !crate::engine::may_linger() {
                 break;
             }
-            shared.scheduled.store(true, Ordering::SeqCst);
+            shared.scheduled.store(LINGERING, Ordering::SeqCst);
             drop(w);
-            std::thread::yield_now();
+            crate::engine::linger_yield();
             // Cleared before looking, as at the step's start.
-            shared.scheduled.store(false, Ordering::SeqCst);
-            // A kick the raised flag swallowed meanwhile is looked into
-            // here, whatever it was for: frames queued or staged, or a
-            // backlog that a sending thread's own write left on the wire
-            // (a large frame the socket did not take whole), which only the
-            // engine flushes, once the step says so.
+            let kicked = shared.scheduled.swap(IDLE, Ordering::SeqCst) == DUE;
+            // A kick the flag swallowed meanwhile is looked into here,
+            // whatever it was for: frames queued or staged, or a backlog
+            // that a sending thread's own write left on the wire (a large
+            // frame the socket did not take whole), which only the engine
+            // flushes, once the step says so. Without one, only frames
+            // already on their way (queued before their kick) can be new.
+            if !kicked && shared.tx.is_empty() && !shared.maybe_staged() {
+                break;
+            }
             w = self.take_wire_for_engine(wire)?;
             if w.backlog() {
                 return Some(Written::Backlog);

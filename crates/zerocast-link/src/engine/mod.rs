@@ -24,7 +24,9 @@ mod watch;
 
 pub use watch::FdWatch;
 
-pub(crate) use run::may_linger;
+#[cfg(test)]
+pub(crate) use run::{allow_lingers, on_linger_yield};
+pub(crate) use run::{linger_yield, may_linger};
 
 use std::fmt;
 use std::io;

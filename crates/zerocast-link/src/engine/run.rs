@@ -54,6 +54,37 @@ pub(crate) fn may_linger() -> bool {
     })
 }
 
+/// A lingering writer gives its core away, to a sender that shares it.
+pub(crate) fn linger_yield() {
+    #[cfg(test)]
+    if let Some(step) = LINGER_HOOK.with(|h| h.borrow_mut().take()) {
+        step();
+        return;
+    }
+    std::thread::yield_now();
+}
+
+#[cfg(test)]
+std::thread_local! {
+    /// What a test runs in a lingering writer's yield, once.
+    static LINGER_HOOK: std::cell::RefCell<Option<Box<dyn FnOnce()>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// For tests: run `step` in the next lingering writer's yield on this
+/// thread, in place of the yield: the moment another thread's sender meets
+/// a writer that lingers.
+#[cfg(test)]
+pub(crate) fn on_linger_yield(step: Box<dyn FnOnce()>) {
+    LINGER_HOOK.with(|h| *h.borrow_mut() = Some(step));
+}
+
+/// For tests: let this thread's writers linger `n` times, as a turn of an
+/// engine's own thread does.
+#[cfg(test)]
+pub(crate) fn allow_lingers(n: u8) {
+    LINGERS.with(|l| l.set(n));
+}
+
 /// Whether this thread is inside a turn of the engine `inner`.
 pub(super) fn in_turn_of(inner: &Arc<Inner>) -> bool {
     TURN_OF.with(|t| t.get() == Arc::as_ptr(inner) as usize)

@@ -84,6 +84,8 @@ mod source;
 mod staged;
 #[cfg(test)]
 mod staged_tests;
+#[cfg(test)]
+mod test_writer;
 mod turn;
 #[cfg(test)]
 mod wake_tests;

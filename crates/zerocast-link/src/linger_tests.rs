@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use zerocast_core::ConnError;
 
-use crate::engine::{Cx, Engine, Pending, Progress, Step, Task};
-use crate::{Driver, Frame, Link, Wire, WireCtx, Writing};
+use crate::engine::Engine;
+use crate::test_writer::{settle, WriterTask};
+use crate::{Frame, Link, Wire, WireCtx, Writing};
 
 /// Payloads this large are written by their sender whenever the wire is
 /// free (`DIRECT_LARGE`).
@@ -41,41 +42,6 @@ impl Wire for Backlogged {
     }
 }
 
-/// A connection's engine task: attaches the wire, then runs the writer
-/// and keeps what its step said.
-struct Conn {
-    driver: Driver,
-    backlog: Arc<AtomicBool>,
-    attached: bool,
-    said: Arc<Mutex<Vec<Writing>>>,
-}
-
-impl Task for Conn {
-    fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        None
-    }
-
-    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
-        if !self.attached {
-            self.attached = true;
-            self.driver.attach(Box::new(Backlogged(self.backlog.clone())), cx.waker());
-        }
-        let said = self.driver.drive_writer(false);
-        self.said.lock().unwrap().push(said);
-        Step::Continue
-    }
-}
-
-fn settle(progress: &mut Progress) {
-    for _ in 0..100 {
-        progress.progress();
-        if progress.arm() != Err(Pending) {
-            return;
-        }
-    }
-    panic!("the engine never settled");
-}
-
 fn send(link: &Link, len: usize) {
     let buf = link.alloc(len, None).unwrap();
     link.send(buf, None).unwrap();
@@ -87,7 +53,8 @@ fn a_backlog_left_while_the_writer_lingers_is_reported() {
     let link = Arc::new(link);
     let (engine, mut progress) = Engine::detached("linger-test").unwrap();
     let (backlog, said) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Vec::new())));
-    engine.register(Box::new(Conn { driver, backlog: backlog.clone(), attached: false, said: said.clone() }));
+    let wire = Box::new(Backlogged(backlog.clone()));
+    engine.register(Box::new(WriterTask { driver, wire: Some(wire), said: said.clone() }));
     settle(&mut progress);
     // A quiet link's frames go out from their senders; past a few in
     // flight, one is queued for the writer, whose step then lingers.

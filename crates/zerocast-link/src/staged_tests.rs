@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex};
 use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
 use zerocast_mem::Wait;
 
-use crate::engine::{Cx, Engine, Pending, Progress, Step, Task};
-use crate::{Driver, Frame, Link, Wire, WireCtx};
+use crate::engine::{Engine, Progress};
+use crate::test_writer::{settle, WriterTask};
+use crate::{Frame, Link, Wire, WireCtx};
 
 /// Payloads up to this size are staged (a stream socket's choice).
 const SMALL: usize = 256;
@@ -60,28 +61,6 @@ impl Wire for Recording {
     }
 }
 
-/// An engine task that attaches the recording wire, then runs the writer.
-struct Conn {
-    driver: Driver,
-    seen: Arc<Mutex<Seen>>,
-    attached: bool,
-}
-
-impl Task for Conn {
-    fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        None
-    }
-
-    fn run(&mut self, cx: &mut Cx<'_>) -> Step {
-        if !self.attached {
-            self.attached = true;
-            self.driver.attach(Box::new(Recording(self.seen.clone())), cx.waker());
-        }
-        let _ = self.driver.drive_writer(false);
-        Step::Continue
-    }
-}
-
 /// A recorded frame: its kind, its sequence number, and its payload's
 /// first byte and length.
 type Decoded = (FrameKind, u32, Option<(u8, usize)>);
@@ -98,21 +77,15 @@ impl Fixture {
         let (link, driver) = crate::shared::tests::open(256);
         let (engine, progress) = Engine::detached("staged-test").unwrap();
         let seen = Arc::new(Mutex::new(Seen::default()));
-        engine.register(Box::new(Conn { driver, seen: seen.clone(), attached: false }));
+        let wire = Box::new(Recording(seen.clone()));
+        engine.register(Box::new(WriterTask { driver, wire: Some(wire), said: Arc::default() }));
         let mut f = Self { link, _engine: engine, progress, seen };
         f.settle();
         f
     }
 
-    /// Run the engine until nothing is pending.
     fn settle(&mut self) {
-        for _ in 0..100 {
-            self.progress.progress();
-            if self.progress.arm() != Err(Pending) {
-                return;
-            }
-        }
-        panic!("the engine never settled");
+        settle(&mut self.progress);
     }
 
     /// Send `len` bytes, each the message's number.

@@ -130,6 +130,13 @@ impl Shared {
     pub(crate) fn maybe_staged(&self) -> bool {
         self.staged_hint.load(Ordering::SeqCst)
     }
+
+    /// Nothing waits for the writer, queued or staged (read without the
+    /// lock).
+    #[inline]
+    pub(crate) fn nothing_to_write(&self) -> bool {
+        self.tx.is_empty() && !self.maybe_staged()
+    }
 }
 
 /// For the writer, with the state locked, before it stamps anything else:

@@ -258,14 +258,14 @@ impl Driver {
             // frame the socket did not take whole), which only the engine
             // flushes, once the step says so. Without one, only frames
             // already on their way (queued before their kick) can be new.
-            if !kicked && shared.tx.is_empty() && !shared.maybe_staged() {
+            if !kicked && shared.nothing_to_write() {
                 break;
             }
             w = self.take_wire_for_engine(wire)?;
             if w.backlog() {
                 return Some(Written::Backlog);
             }
-            if shared.tx.is_empty() && !shared.maybe_staged() {
+            if shared.nothing_to_write() {
                 break;
             }
             written = 0;
@@ -303,7 +303,7 @@ impl Driver {
         if shared.waker.0.get().is_none() {
             return false;
         }
-        if shared.tx.is_empty() && !shared.maybe_staged() {
+        if shared.nothing_to_write() {
             return true;
         }
         let Some(wire) = shared.wire.0.get() else { return false };

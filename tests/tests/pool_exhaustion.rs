@@ -5,7 +5,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use zerocast::{Config, LinkConfig, PoolConfig, PoolError, RecvError, Zerocast};
+use zerocast::{Config, LinkConfig, PoolConfig, PoolError, RecvError, SendError, Zerocast};
 use zerocast_tests::{checksum, Transport};
 
 /// Buffers in the pool: 16 of 512 bytes, shared by both ends of a pair.
@@ -60,6 +60,13 @@ fn exhaust(t: &Transport) {
     }
     assert!(start.elapsed() >= Duration::from_millis(200));
     assert_eq!(t.zc.pool().expect("pool").stats().buffers_in_use, BUFFERS);
+    // A typed `try_send` that finds no buffer hands the message back as
+    // `Full`, as a send that finds no credit does: it never waits.
+    let (tx, _rx) = client.clone().split::<u64, ()>();
+    match tx.try_send(7) {
+        Err(SendError::Full(7)) => {}
+        other => panic!("expected the message back as Full, got {other:?}"),
+    }
     drop(held);
     let mut buf = client.alloc_timeout(SIZE, Duration::from_secs(5)).expect("alloc after release");
     buf[..4].copy_from_slice(b"back");
@@ -67,7 +74,7 @@ fn exhaust(t: &Transport) {
     assert_eq!(&server.recv_timeout(Duration::from_secs(5)).expect("recv")[..4], b"back");
     client.close();
     assert!(matches!(server.recv_timeout(Duration::from_secs(5)), Err(RecvError::Disconnected)));
-    drop((client, server));
+    drop((client, server, tx));
     t.assert_pool_drained(Duration::from_secs(10));
 }
 

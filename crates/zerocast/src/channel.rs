@@ -126,6 +126,12 @@ impl<T: Serialize, C: Codec> Sender<T, C> {
     pub(crate) fn send_or_wake(&self, msg: &T, waker: &std::task::Waker) -> Result<(), SendError<()>> {
         send_encoded::<T, _, _>(&self.side, msg, Wait::Task(waker))
     }
+
+    /// [`Sender::try_send`] by reference, for a task's first attempt.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn try_send_ref(&self, msg: &T) -> Result<(), SendError<()>> {
+        send_encoded::<T, _, _>(&self.side, msg, Wait::Now)
+    }
 }
 
 impl<T, C: Codec> Sender<T, C>
@@ -241,7 +247,7 @@ impl<C: Codec> SendSide<C> {
     fn alloc(&self, len: usize, wait: &Wait<'_>) -> Result<Buf, SendError<()>> {
         let conn = &self.conn;
         let r = match wait {
-            Wait::Now => conn.alloc_timeout(len, Duration::ZERO),
+            Wait::Now => conn.alloc_now(len),
             Wait::Task(waker) => conn.alloc_or_wake(len, waker),
             Wait::Until(None) => conn.alloc(len),
             Wait::Until(Some(d)) => conn.alloc_timeout(len, d.saturating_duration_since(Instant::now())),

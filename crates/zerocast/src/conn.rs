@@ -209,6 +209,16 @@ impl Connection {
         each!(&self.flavor, c => c.send(buf, deadline(timeout)))
     }
 
+    /// A send buffer of `len` bytes if the pool has one now, without the
+    /// clock a zero timeout reads.
+    pub(crate) fn alloc_now(&self, len: usize) -> Result<Buf, PoolError> {
+        let max = self.max_message();
+        if len > max {
+            return Err(PoolError::TooLarge { requested: len, max });
+        }
+        self.link().pool().alloc(len, zerocast_mem::Wait::No)
+    }
+
     /// A send buffer of `len` bytes for a task: `Exhausted` while the pool
     /// is at its cap, with `waker` woken when a buffer of the size class is
     /// released.

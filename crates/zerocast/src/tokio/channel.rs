@@ -78,11 +78,16 @@ impl<T: Serialize, C: Codec> Sender<T, C> {
     /// buffer is taken). [`Sender::send_timeout`] hands `msg` back on its
     /// deadline instead.
     pub async fn send(&self, msg: T) -> Result<(), SendError<T>> {
-        poll_fn(|cx| self.poll_send_ref(&msg, cx)).await.map_err(|e| e.map(|()| msg))
+        self.send_ref(&msg).await.map_err(|e| e.map(|()| msg))
     }
 
     /// Send by reference: `msg` is only serialized.
     pub async fn send_ref(&self, msg: &T) -> Result<(), SendError<()>> {
+        // As at every send: the first attempt outside any future machinery.
+        match self.inner.try_send_ref(msg) {
+            Err(SendError::Full(())) => {}
+            r => return r,
+        }
         poll_fn(|cx| self.poll_send_ref(msg, cx)).await
     }
 

@@ -100,6 +100,10 @@ impl Connection {
     /// A send buffer of `len` bytes, waiting while the pool is at its cap.
     /// Cancel-safe: a dropped future holds no buffer.
     pub async fn alloc(&self, len: usize) -> Result<Buf, PoolError> {
+        match self.try_alloc(len) {
+            Err(PoolError::Exhausted { .. }) => {}
+            r => return r,
+        }
         poll_fn(|cx| match self.conn.alloc_or_wake(len, cx.waker()) {
             Err(PoolError::Exhausted { .. }) => Poll::Pending,
             r => Poll::Ready(r),
@@ -107,9 +111,10 @@ impl Connection {
         .await
     }
 
-    /// A send buffer if the pool has one now.
+    /// A send buffer if the pool has one now: [`PoolError::Exhausted`] if
+    /// it is at its cap.
     pub fn try_alloc(&self, len: usize) -> Result<Buf, PoolError> {
-        self.conn.alloc_timeout(len, Duration::ZERO)
+        self.conn.alloc_now(len)
     }
 
     /// Send a buffer, waiting for credit. On error the buffer comes back.
@@ -120,6 +125,13 @@ impl Connection {
     /// [`Connection::send_timeout`], which hands it back; to wait without
     /// giving up a buffer, [`Connection::ready`] then [`Connection::try_send`].
     pub async fn send(&self, buf: Buf) -> Result<(), SendError<Buf>> {
+        // The first attempt outside any future: a send that finds credit
+        // (the common case) moves its buffer once, not through each layer
+        // of a poll.
+        let buf = match self.conn.try_send(buf) {
+            Err(SendError::Full(back)) => back,
+            r => return r,
+        };
         let mut slot = Some(buf);
         poll_fn(|cx| self.poll_send(&mut slot, cx)).await
     }

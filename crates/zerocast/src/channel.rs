@@ -146,7 +146,18 @@ where
         send_encoded::<T, _, _>(&self.side, msg, Wait::Until(None))
     }
 
-    /// [`Sender::send_borrowed`] for a task (see `send_or_wake`).
+    /// [`Sender::send_borrowed`] without waiting, for a task's first
+    /// attempt: `Full` if it would wait.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn try_send_borrowed<'a>(
+        &self,
+        msg: &<T as Yokeable<'a>>::Output,
+    ) -> Result<(), SendError<()>> {
+        send_encoded::<T, _, _>(&self.side, msg, Wait::Now)
+    }
+
+    /// [`Sender::send_borrowed`] for a task: `Full` when it must wait, with
+    /// `waker` set to be woken when credit or a pool buffer comes.
     #[cfg(feature = "tokio")]
     pub(crate) fn send_borrowed_or_wake<'a>(
         &self,

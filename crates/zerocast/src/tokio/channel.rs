@@ -94,6 +94,10 @@ impl<T: Serialize, C: Codec> Sender<T, C> {
     /// Send `msg`, waiting at most `timeout`: [`SendError::Timeout`] hands
     /// it back.
     pub async fn send_timeout(&self, msg: T, timeout: Duration) -> Result<(), SendError<T>> {
+        match self.inner.try_send_ref(&msg) {
+            Err(SendError::Full(())) => {}
+            r => return r.map_err(|e| e.map(|()| msg)),
+        }
         let mut sleep = std::pin::pin!(::tokio::time::sleep(timeout));
         let r = poll_fn(|cx| match self.poll_send_ref(&msg, cx) {
             Poll::Pending if sleep.as_mut().poll(cx).is_ready() => Poll::Ready(Err(SendError::Timeout(()))),
@@ -136,6 +140,10 @@ where
     /// Send a borrowing message (see [`crate::Sender::send_borrowed`]),
     /// waiting for credit. Cancel-safe: sent whole or not at all.
     pub async fn send_borrowed<'a>(&self, msg: &<T as Yokeable<'a>>::Output) -> Result<(), SendError<()>> {
+        match self.inner.try_send_borrowed(msg) {
+            Err(SendError::Full(())) => {}
+            r => return r,
+        }
         poll_fn(|cx| self.poll_sending(cx, |cx| self.inner.send_borrowed_or_wake(msg, cx.waker()))).await
     }
 }

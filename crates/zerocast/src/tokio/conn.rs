@@ -139,6 +139,10 @@ impl Connection {
     /// Send a buffer, waiting at most `timeout` for credit:
     /// [`SendError::Timeout`] hands it back.
     pub async fn send_timeout(&self, buf: Buf, timeout: Duration) -> Result<(), SendError<Buf>> {
+        let buf = match self.conn.try_send(buf) {
+            Err(SendError::Full(back)) => back,
+            r => return r,
+        };
         let mut slot = Some(buf);
         let mut sleep = std::pin::pin!(::tokio::time::sleep(timeout));
         poll_fn(|cx| match self.poll_send(&mut slot, cx) {

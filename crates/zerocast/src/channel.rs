@@ -99,8 +99,9 @@ impl<T: Serialize, C: Codec> Sender<T, C> {
         self.send_inner(msg, Wait::Until(None))
     }
 
-    /// Send `msg` if the peer has a free receive buffer now;
-    /// [`SendError::Full`] hands it back otherwise.
+    /// Send `msg` if the peer has a free receive buffer (and the pool a
+    /// buffer to encode it into) now; [`SendError::Full`] hands it back
+    /// otherwise.
     pub fn try_send(&self, msg: T) -> Result<(), SendError<T>> {
         self.send_inner(msg, Wait::Now)
     }

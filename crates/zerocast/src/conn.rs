@@ -212,21 +212,24 @@ impl Connection {
     /// A send buffer of `len` bytes if the pool has one now, without the
     /// clock a zero timeout reads.
     pub(crate) fn alloc_now(&self, len: usize) -> Result<Buf, PoolError> {
+        self.check_len(len)?;
+        self.link().pool().alloc(len, zerocast_mem::Wait::No)
+    }
+
+    /// A buffer of `len` bytes would be more than a message can carry.
+    fn check_len(&self, len: usize) -> Result<(), PoolError> {
         let max = self.max_message();
         if len > max {
             return Err(PoolError::TooLarge { requested: len, max });
         }
-        self.link().pool().alloc(len, zerocast_mem::Wait::No)
+        Ok(())
     }
 
     /// A send buffer of `len` bytes for a task: `Exhausted` while the pool
     /// is at its cap, with `waker` woken when a buffer of the size class is
     /// released.
     pub(crate) fn alloc_or_wake(&self, len: usize, waker: &std::task::Waker) -> Result<Buf, PoolError> {
-        let max = self.max_message();
-        if len > max {
-            return Err(PoolError::TooLarge { requested: len, max });
-        }
+        self.check_len(len)?;
         self.link().pool().alloc_or_wake(len, waker)
     }
 

@@ -85,9 +85,11 @@ impl Session {
 
     /// Streaming: two windows of untimed warm-up (the pools map their
     /// regions on first use), then the timed messages, from a full pipe
-    /// until the server has every one.
+    /// until the server has every one. The time is the receiver's (see
+    /// [`receiver_elapsed`]); this side's clock, which also runs while the
+    /// warm-up still in flight is delivered, only when the server has none.
     fn bw(&self, dp: &DataPath, spec: &Spec, progress: &Progress) -> anyhow::Result<Row> {
-        let warmup = 2 * u64::from(spec.window);
+        let warmup = crate::spec::warmup(spec.window);
         let until = Until::new(spec);
         let mut slices = Slices::new(spec.window, spec.duration_ms.is_none().then_some(spec.iters));
         // The whole stream is one loop, which the async API runs in one
@@ -111,7 +113,7 @@ impl Session {
         })?;
         dp.close();
         let report = self.report()?;
-        let elapsed = start.elapsed();
+        let elapsed = receiver_elapsed(report.timed_ns, i).unwrap_or_else(|| start.elapsed());
         let total = warmup + i;
         if report.msgs != total || report.bytes != total * spec.size as u64 {
             bail!("the server received {} messages ({} B) of {total} sent", report.msgs, report.bytes);
@@ -297,4 +299,30 @@ fn local_ip_towards(to: SocketAddr) -> std::io::Result<IpAddr> {
     let probe = std::net::UdpSocket::bind(if to.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" })?;
     probe.connect(to)?;
     Ok(probe.local_addr()?.ip())
+}
+
+/// The time a stream of `timed` messages took, by the receiver's clock:
+/// `timed_ns` runs from the first timed message's arrival to the stream's
+/// end, which is the time of the other `timed - 1`, so it is scaled to
+/// `timed`. The sender's clock would start while up to a window of warm-up
+/// messages is still to be delivered, and count that time against the
+/// timed messages. `None` for fewer than two timed messages, or a server
+/// that timed nothing.
+fn receiver_elapsed(timed_ns: u64, timed: u64) -> Option<Duration> {
+    (timed_ns > 0 && timed >= 2)
+        .then(|| Duration::from_nanos(timed_ns).mul_f64(timed as f64 / (timed - 1) as f64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_receivers_clock_covers_the_messages_after_the_first() {
+        // 99 intervals of 1 µs after the first timed message: 100 messages
+        // took 100 µs.
+        assert_eq!(receiver_elapsed(99_000, 100), Some(Duration::from_micros(100)));
+        assert_eq!(receiver_elapsed(0, 100), None, "a server that timed nothing");
+        assert_eq!(receiver_elapsed(5_000, 1), None, "one message has no interval");
+    }
 }

@@ -6,6 +6,11 @@
 //! matching options. `--loopback` runs both in this process over
 //! `tcp://127.0.0.1` (or any transport given), which needs no setup.
 //!
+//! A stream (`bw`, `rate`) sends two windows of untimed messages first,
+//! then the timed ones; its time is the server's, from the arrival of the
+//! first timed message to the end of the stream, as ZeroMQ's `local_thr`
+//! times its receiver. The peak is the sender's best slice of the run.
+//!
 //! It does **not** tune the machine (CPU pinning, frequency, IRQs) or
 //! report absolute figures as anything but what this run measured.
 

@@ -97,7 +97,7 @@ fn test(spec: &Spec, bind: &str, tx: &Sender<Ctl>) -> anyhow::Result<()> {
     let dp = listener.accept(spec).with_context(|| format!("accepting the data connection at {uri}"))?;
     let r = match spec.mode {
         Mode::Lat => echo(&dp),
-        Mode::Bw | Mode::Rate => sink(&dp),
+        Mode::Bw | Mode::Rate => sink(&dp, crate::spec::warmup(spec.window)),
     };
     match r {
         Ok(report) => send(tx, Ctl::Report(report)),
@@ -114,24 +114,31 @@ fn unique_name() -> String {
     format!("zerocast-perf-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }
 
-/// Receive and check every message until the client's goodbye.
-fn sink(dp: &DataPath) -> anyhow::Result<ServerReport> {
+/// Receive and check every message until the client's goodbye, timing
+/// the stream from the arrival of message `warmup`, the first the client
+/// times, to its end. The clock is read twice in all, never per message.
+fn sink(dp: &DataPath, warmup: u64) -> anyhow::Result<ServerReport> {
     // One loop, which the async API runs in one task (see
     // `DataPath::drive`).
     dp.drive(async {
-        let mut report = ServerReport { msgs: 0, bytes: 0 };
+        let mut report = ServerReport { msgs: 0, bytes: 0, timed_ns: 0 };
+        let mut first = None;
         while let Some(got) = dp.recv_then(|got| async move { Ok(got) }).await? {
             dp.check(got, report.msgs)?;
+            if report.msgs == warmup {
+                first = Some(Instant::now());
+            }
             report.msgs += 1;
             report.bytes += got.len as u64;
         }
+        report.timed_ns = first.map_or(0, |t| t.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64);
         Ok(report)
     })
 }
 
 /// Send every message back until the client's goodbye.
 fn echo(dp: &DataPath) -> anyhow::Result<ServerReport> {
-    let mut report = ServerReport { msgs: 0, bytes: 0 };
+    let mut report = ServerReport { msgs: 0, bytes: 0, timed_ns: 0 };
     // The reply goes out before the request's buffer is given back (see
     // `DataPath::recv_then`), and the next reply's buffer is taken while
     // the next request is on its way (`DataPath::prepare`).
@@ -241,5 +248,5 @@ fn count_datagrams(
             Err(e) => return Err(e).context("receiving datagrams"),
         }
     }
-    Ok(ServerReport { msgs: msgs.load(Ordering::Relaxed), bytes })
+    Ok(ServerReport { msgs: msgs.load(Ordering::Relaxed), bytes, timed_ns: 0 })
 }

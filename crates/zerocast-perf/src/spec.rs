@@ -18,7 +18,7 @@ use zerocast::core::uri::UriError;
 use zerocast::{Endpoint, Scheme};
 
 /// Version of the control protocol; a mismatch is refused.
-pub(crate) const PROTOCOL: u32 = 2;
+pub(crate) const PROTOCOL: u32 = 3;
 
 /// The largest message size, and the top of the `-a` sweep.
 pub(crate) const MAX_SIZE: usize = 8 << 20;
@@ -252,6 +252,13 @@ pub(crate) fn capped_window(requested: u32, size: usize) -> u32 {
     requested.min(by_bytes).max(MIN_WINDOW)
 }
 
+/// Untimed messages a stream (bw, rate) sends first: two windows, so the
+/// pools have mapped their regions and the pipe is full when the clock
+/// starts.
+pub(crate) fn warmup(window: u32) -> u64 {
+    2 * u64::from(window)
+}
+
 /// What the server measured on its side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ServerReport {
@@ -259,6 +266,10 @@ pub(crate) struct ServerReport {
     pub(crate) msgs: u64,
     /// Payload bytes received.
     pub(crate) bytes: u64,
+    /// Streams: nanoseconds from the arrival of the first timed message
+    /// (the one after the [`warmup`]) to the end of the stream, the
+    /// receiver's clock, as ZeroMQ's `local_thr` keeps it; 0 if none came.
+    pub(crate) timed_ns: u64,
 }
 
 /// A control message.

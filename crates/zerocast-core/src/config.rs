@@ -19,9 +19,9 @@ pub struct LinkConfig {
     ///
     /// On `tcp://`, whose receive buffers are sized to each message, the
     /// window is a byte budget instead: `recv_window` × 64 KiB (4 MiB at
-    /// the default), in credits of 4 KiB. A message takes one credit per
-    /// 4 KiB begun past its first, so 1,024 small messages fly at once at
-    /// the default, or 60 of 64 KiB; the budget is raised to twice the
+    /// the default), in credits of 1 KiB. A message takes one credit per
+    /// KiB begun past its first, so 4,096 small messages fly at once at
+    /// the default, or 63 of 64 KiB; the budget is raised to twice the
     /// largest message when that is more (see `zerocast_tcp::credits_for`).
     pub recv_window: u32,
     /// Largest message payload, in bytes. Frames announcing more are refused.

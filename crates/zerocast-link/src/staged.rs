@@ -22,7 +22,7 @@
 //! frame is staged and never grown: the one senders fill, and the one the
 //! writer swapped out last. A frame that does not fit is queued as usual
 //! (and frames after it queue behind it until the queue drains), and a
-//! sender that finds a ring's worth staged writes them itself when the
+//! sender that finds four rings' worth staged writes them itself when the
 //! wire is free. So staging allocates nothing per message.
 
 use std::sync::atomic::Ordering;
@@ -34,9 +34,11 @@ use zerocast_mem::Buf;
 use crate::shared::{Shared, State};
 
 /// A sender that staged this many frames (or [`FLUSH_BYTES`]) writes the
-/// area itself when the wire is free, as a sender that finds a ring's
-/// worth of frames queued does.
-const FLUSH_FRAMES: u32 = crate::queue::FAST as u32;
+/// area itself when the wire is free. Four rings' worth: a stream of small
+/// frames then goes out in writes of about 16 KiB (256 frames of 64
+/// bytes), where the system call and the loopback's or the NIC's
+/// per-segment work are paid once for many messages.
+pub(crate) const FLUSH_FRAMES: u32 = 4 * crate::queue::FAST as u32;
 
 /// Bytes staged past which the sender writes them itself.
 const FLUSH_BYTES: usize = CAP / 2;
@@ -64,7 +66,7 @@ pub(crate) enum Next {
     Nothing,
     /// The area was empty: wake the writer.
     Kick,
-    /// A ring's worth is staged: write it here if the wire is free, else
+    /// Four rings' worth is staged: write it here if the wire is free, else
     /// wake the writer.
     Write,
 }

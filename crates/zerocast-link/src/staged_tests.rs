@@ -1,7 +1,7 @@
 //! Small frames staged as bytes (see [`crate::staged`]): they reach the
 //! wire in the order they were sent, mixed with frames that are written
 //! directly or queued (large ones, tagged ones) and with the goodbye; a
-//! sender that stages a ring's worth writes it itself. The wire is a test
+//! sender that stages a batch writes it itself. The wire is a test
 //! double that records the byte stream a stream socket would carry, and
 //! the engine is driven by hand (`Engine::detached`).
 
@@ -74,7 +74,7 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Self {
-        let (link, driver) = crate::shared::tests::open(256);
+        let (link, driver) = crate::shared::tests::open(1024);
         let (engine, progress) = Engine::detached("staged-test").unwrap();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let wire = Box::new(Recording(seen.clone()));
@@ -156,17 +156,17 @@ fn staged_frames_keep_their_order_among_queued_ones() {
     assert!(f.staged() > 0, "small frames under load were staged");
 }
 
-/// A sender that stages a ring's worth writes it itself: with the engine
-/// not running at all, the frames still reach the wire.
+/// A sender that stages [`crate::staged::FLUSH_FRAMES`] writes them itself:
+/// with the engine not running at all, the frames still reach the wire.
 #[test]
-fn a_ring_of_staged_frames_is_written_by_its_sender() {
+fn a_batch_of_staged_frames_is_written_by_its_sender() {
     let f = Fixture::new();
-    let sent = crate::queue::FAST as u8 + 8;
+    let sent = crate::staged::FLUSH_FRAMES as usize + 8;
     for n in 0..sent {
-        f.send(n, 32);
+        f.send(n as u8, 32);
     }
     let written = f.frames().len();
-    assert!(written >= usize::from(sent) - 8, "only {written} of {sent} frames written without the engine");
+    assert!(written >= sent - 8, "only {written} of {sent} frames written without the engine");
     assert!(f.staged() > 0, "staged, not queued");
 }
 

@@ -94,10 +94,15 @@ impl TcpConfig {
 /// default of 64, what an RDMA connection's 64 posted buffers of 64 KiB
 /// hold).
 pub const WINDOW_SLOT: u64 = 64 << 10;
-/// The credit unit of `tcp://`: a message takes one credit per 4 KiB
-/// begun past its first, so a window of 64 slots lets 1,024 small messages
-/// fly at once, or 60 of 64 KiB.
-pub const CREDIT_UNIT: u32 = 4096;
+/// The credit unit of `tcp://`: a message takes one credit per KiB begun
+/// past its first, so a window of 64 slots lets 4,096 small messages fly
+/// at once, or 63 of 64 KiB. The smallest unit the protocol allows
+/// ([`zerocast_core::credit::MIN_UNIT`]): a small message's pool buffer
+/// (256 bytes) is well inside it, so the byte bound holds, and a stream
+/// of small messages waits for credit four times less often than with
+/// 4 KiB credits (the sender that runs out sleeps until the peer's
+/// credit frame wakes it).
+pub const CREDIT_UNIT: u32 = zerocast_core::credit::MIN_UNIT;
 
 /// The credit window and unit a `tcp://` side announces for `link`: the
 /// budget of `recv_window` × [`WINDOW_SLOT`] bytes in credits of
@@ -128,13 +133,13 @@ mod credit_tests {
         let at = |window: u32, max: u64| {
             credits_for(&LinkConfig::default().with_recv_window(window).with_max_payload(max))
         };
-        // The default: 4 MiB in credits of 4 KiB.
-        assert_eq!(at(64, 1 << 20), (1024, 4096));
+        // The default: 4 MiB in credits of 1 KiB.
+        assert_eq!(at(64, 1 << 20), (4096, 1024));
         // A small window is raised to twice the largest message's credits.
-        assert_eq!(at(8, 1 << 20), (2 * 257, 4096));
+        assert_eq!(at(8, 1 << 20), (2 * 1025, 1024));
         // A huge largest message doubles the unit until the window fits.
         let (w, unit) = at(64, 4 << 30);
-        assert!(w <= zerocast_core::credit::MAX_WINDOW && unit > 4096);
+        assert!(w <= zerocast_core::credit::MAX_WINDOW && unit > CREDIT_UNIT);
         assert!(w >= zerocast_core::credit::min_window(4 << 30, unit));
         // Past what `validate` allows: the largest window, no panic.
         assert_eq!(at(64, u64::MAX).0, zerocast_core::credit::MAX_WINDOW);

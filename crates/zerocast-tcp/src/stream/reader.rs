@@ -406,13 +406,23 @@ impl Reader {
             let header = Header::decode(&self.staging[self.start..self.end], driver.max_payload())
                 .map_err(|e| Stop::Failed(e.into()))?;
             self.start += HEADER_LEN;
-            match header.kind {
-                FrameKind::Data => self.pending = Some(Pending { header, buf: None, got: 0 }),
-                _ if header.len == 0 => return driver.on_frame(header, None).map_err(Stop::Failed),
-                _ => return Err(Stop::Failed(ConnError::Unsupported("control frame with a payload"))),
-            }
+            return match header.kind {
+                // Straight on, not through `self.pending`: a frame that is
+                // already whole in staging (most small ones) is never
+                // stored there, only a partial one is.
+                FrameKind::Data => self.finish(driver, until, Pending { header, buf: None, got: 0 }),
+                _ if header.len == 0 => driver.on_frame(header, None).map_err(Stop::Failed),
+                _ => Err(Stop::Failed(ConnError::Unsupported("control frame with a payload"))),
+            };
         }
-        let Some(mut p) = self.pending.take() else { return Err(Stop::Idle) };
+        let Some(p) = self.pending.take() else { return Err(Stop::Idle) };
+        self.finish(driver, until, p)
+    }
+
+    /// Read the rest of `p`'s payload and hand the frame over once whole;
+    /// a frame still partial waits in `self.pending`.
+    #[inline(always)]
+    fn finish(&mut self, driver: &Driver, until: Option<Instant>, mut p: Pending) -> Result<(), Stop> {
         match self.payload(driver, until, &mut p) {
             Ok(()) => {
                 self.pump_bytes += HEADER_LEN + p.header.len as usize;

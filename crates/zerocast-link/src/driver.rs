@@ -239,6 +239,7 @@ impl Driver {
     /// Account for a frame the reader decoded. Data payloads go to the
     /// application. An error means the peer broke the protocol; the
     /// connection is already marked failed when it is returned.
+    #[inline]
     pub fn on_frame(&self, header: Header, payload: Option<Buf>) -> Result<(), ConnError> {
         self.on_frame_inner(Arrived::Header(header), payload, None)
     }

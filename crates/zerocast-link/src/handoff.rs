@@ -67,6 +67,7 @@ impl Drop for Handoff<'_> {
 /// From the driver, with the state locked: keep `d` for this thread's
 /// receive if it opened a handoff for `shared` and nothing is queued
 /// before it. `Err`: queue it.
+#[inline(always)]
 pub(crate) fn offer(shared: &Shared, d: Delivery) -> Result<(), Delivery> {
     if WANT.get() != key(shared) || !shared.delivered.is_empty() {
         return Err(d);

@@ -323,7 +323,18 @@ impl Link {
     /// After the peer closes, every buffered message is received first, then
     /// [`RecvError::Disconnected`] (or [`RecvError::Failed`] if the
     /// connection broke).
+    #[inline]
     pub fn recv(&self, deadline: Option<Instant>) -> Result<RecvBuf, RecvError> {
+        // A message the last pump delivered (most of a stream's) is taken
+        // here, inlined into the caller, which builds its handle in place.
+        match self.shared.delivered.try_pop() {
+            Some(d) => self.deliver(d),
+            None => self.recv_waiting(deadline),
+        }
+    }
+
+    /// [`Link::recv`] with nothing delivered yet.
+    fn recv_waiting(&self, deadline: Option<Instant>) -> Result<RecvBuf, RecvError> {
         // A connection registered for readiness is read by its engine,
         // unless the registration reads directly.
         if self.shared.source.0.get().is_some() && self.shared.ready.0.get().is_none_or(Readiness::direct) {

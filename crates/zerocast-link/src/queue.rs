@@ -77,6 +77,7 @@ impl<T> Queue<T> {
     }
 
     /// Add `item` at the back, waking one sleeping consumer.
+    #[inline(always)]
     pub(crate) fn push(&self, item: T) -> Result<(), PushError<T>> {
         if self.closed.load(Ordering::Acquire) {
             return Err(PushError::Closed(item));

@@ -492,7 +492,7 @@ impl Shared {
     }
 
     /// Queue `d` for the application, and tell a readiness registration.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn push_delivery(&self, d: Delivery) -> Result<(), Delivery> {
         self.delivered.push(d).map_err(|e| match e {
             crate::queue::PushError::Full(d) | crate::queue::PushError::Closed(d) => d,

@@ -125,6 +125,7 @@ impl Pool {
     /// [`PoolError::Exhausted`] / [`PoolError::Timeout`] at the cap;
     /// [`PoolError::Register`] / [`PoolError::Alloc`] if a new region could
     /// not be made (the pool is unchanged and stays usable).
+    #[inline]
     pub fn alloc(&self, size: usize, wait: Wait) -> Result<Buf, PoolError> {
         let idx = self.class_index(size)?;
         // Either way, the buffer's reference of the pool is taken with it.
@@ -147,16 +148,23 @@ impl Pool {
     /// # Errors
     ///
     /// As [`Pool::alloc`] with [`Wait::No`].
+    #[inline]
     pub fn alloc_or_wake(&self, size: usize, waker: &std::task::Waker) -> Result<Buf, PoolError> {
-        match self.alloc(size, Wait::No) {
-            Err(PoolError::Exhausted { .. }) => {
-                let idx = self.class_index(size)?;
-                self.inner.classes[idx].wake_on_release(waker);
-                // Released before the hook was in: found now.
-                self.alloc(size, Wait::No)
-            }
-            other => other,
+        let got = self.alloc(size, Wait::No);
+        if matches!(got, Err(PoolError::Exhausted { .. })) {
+            return self.alloc_after_wake(size, waker);
         }
+        got
+    }
+
+    /// [`Pool::alloc_or_wake`] at the cap: ask to be woken, then look once
+    /// more.
+    #[cold]
+    fn alloc_after_wake(&self, size: usize, waker: &std::task::Waker) -> Result<Buf, PoolError> {
+        let idx = self.class_index(size)?;
+        self.inner.classes[idx].wake_on_release(waker);
+        // Released before the hook was in: found now.
+        self.alloc(size, Wait::No)
     }
 
     /// [`Pool::alloc`] when the thread's cache and the class's free list are

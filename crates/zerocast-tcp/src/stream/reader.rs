@@ -410,13 +410,37 @@ impl Reader {
                 // Straight on, not through `self.pending`: a frame that is
                 // already whole in staging (most small ones) is never
                 // stored there, only a partial one is.
-                FrameKind::Data => self.finish(driver, until, Pending { header, buf: None, got: 0 }),
+                FrameKind::Data => match self.whole(driver, &header) {
+                    Some(buf) => {
+                        self.pump_bytes += HEADER_LEN + buf.len();
+                        driver.on_frame(header, Some(buf)).map_err(Stop::Failed)
+                    }
+                    None => self.finish(driver, until, Pending { header, buf: None, got: 0 }),
+                },
                 _ if header.len == 0 => driver.on_frame(header, None).map_err(Stop::Failed),
                 _ => Err(Stop::Failed(ConnError::Unsupported("control frame with a payload"))),
             };
         }
         let Some(p) = self.pending.take() else { return Err(Stop::Idle) };
         self.finish(driver, until, p)
+    }
+
+    /// The payload of `header`'s data frame, if all of it is in staging and
+    /// the pool has a buffer for it now: the buffer, filled. Most small
+    /// frames take this path, which keeps the buffer out of `Pending`;
+    /// `None` (more to read, or the pool at its cap) takes the general one.
+    #[inline(always)]
+    fn whole(&mut self, driver: &Driver, header: &Header) -> Option<Buf> {
+        let len = header.len as usize;
+        if self.end - self.start < len {
+            return None;
+        }
+        // No frame waits for a buffer (only a pending one does).
+        debug_assert!(self.starved_since.is_none());
+        let mut buf = driver.pool().alloc(len, Wait::No).ok()?;
+        buf.copy_from_slice(&self.staging[self.start..self.start + len]);
+        self.start += len;
+        Some(buf)
     }
 
     /// Read the rest of `p`'s payload and hand the frame over once whole;

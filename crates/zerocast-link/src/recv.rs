@@ -14,7 +14,8 @@ use crate::shared::Shared;
 /// reposted) and, with that, its credits to the peer.
 pub struct RecvBuf {
     buf: Option<Buf>,
-    shared: Arc<Shared>,
+    /// `None` once [`RecvBuf::into_parts`] moved it into the token.
+    shared: Option<Arc<Shared>>,
     immediate: Option<u32>,
     /// Credits the message took, given back with it.
     cost: u32,
@@ -28,7 +29,7 @@ impl RecvBuf {
     #[inline]
     pub(crate) fn with_immediate(buf: Buf, shared: Arc<Shared>, immediate: Option<u32>) -> Self {
         let cost = shared.cost_of(buf.len());
-        Self { buf: Some(buf), shared, immediate, cost }
+        Self { buf: Some(buf), shared: Some(shared), immediate, cost }
     }
 
     /// The immediate value, if this message is the notification of an RDMA
@@ -48,7 +49,9 @@ impl RecvBuf {
     /// cart); [`ReleaseToken::release`] does what dropping a `RecvBuf` does.
     pub fn into_parts(mut self) -> (Buf, ReleaseToken) {
         let buf = self.buf.take().expect("present until drop");
-        (buf, ReleaseToken { shared: Some(self.shared.clone()), cost: self.cost })
+        // The link's handle moves into the token: no reference is counted
+        // up here and down again as `self` drops.
+        (buf, ReleaseToken { shared: self.shared.take(), cost: self.cost })
     }
 }
 
@@ -103,8 +106,8 @@ impl AsRef<[u8]> for RecvBuf {
 
 impl Drop for RecvBuf {
     fn drop(&mut self) {
-        if let Some(buf) = self.buf.take() {
-            self.shared.give_back(buf, self.cost);
+        if let (Some(buf), Some(shared)) = (self.buf.take(), &self.shared) {
+            shared.give_back(buf, self.cost);
         }
     }
 }

@@ -182,6 +182,7 @@ fn send_encoded<T, M: Serialize + ?Sized, C: Codec>(
     send_buf(&side.conn, buf, &wait)
 }
 
+#[inline(always)]
 fn send_buf(conn: &Connection, buf: Buf, wait: &Wait<'_>) -> Result<(), SendError<()>> {
     let r = match *wait {
         Wait::Now => conn.try_send(buf),
@@ -233,6 +234,7 @@ impl<C: Codec> SendSide<C> {
 
     /// Serialize into a pool buffer sized by the last message's size, and
     /// again into an exact-size buffer if that was too small.
+    #[inline(always)]
     fn encode<M: Serialize + ?Sized>(&self, msg: &M, wait: &Wait<'_>) -> Result<Buf, SendError<()>> {
         let max = self.conn.max_message();
         let hint = self.hint.load(Ordering::Relaxed).clamp(MIN_HINT, max.max(MIN_HINT)).min(max);
@@ -256,6 +258,7 @@ impl<C: Codec> SendSide<C> {
         Ok(buf)
     }
 
+    #[inline(always)]
     fn alloc(&self, len: usize, wait: &Wait<'_>) -> Result<Buf, SendError<()>> {
         let conn = &self.conn;
         let r = match wait {
@@ -488,6 +491,7 @@ where
         self.attach(self.try_recv_buf())
     }
 
+    #[inline(always)]
     fn attach(&self, r: Result<RecvBuf, TypedRecvError>) -> Result<Guard<T>, TypedRecvError> {
         let (buf, token) = r?.into_parts();
         let (codec, limit) = (&self.side.codec, self.side.limit);

@@ -83,7 +83,7 @@ pub fn open_and_echo(
         }
         clients.ended_early();
     };
-    assert_eq!(echoed.load(Ordering::Relaxed), n, "the clients checked echoes the server did not send");
+    assert_eq!(echoed.load(Ordering::SeqCst), n, "the clients checked echoes the server did not send");
     let threads = check_threads(workers, n);
     Served { clients, open_time, echo_time, threads, runtime, server }
 }
@@ -112,8 +112,11 @@ async fn serve(
             let mut echo = conn.alloc(msg.len()).await.expect("server: alloc");
             echo.copy_from_slice(&msg);
             drop(msg);
+            // Counted before it goes: once the echo is written, the client
+            // may see it and report before this task runs again (a send
+            // that finds the wire free writes the frame itself and returns).
+            echoed.fetch_add(1, Ordering::SeqCst);
             conn.send(echo).await.unwrap_or_else(|e| panic!("server: echo on {i}: {e}"));
-            echoed.fetch_add(1, Ordering::Relaxed);
             assert!(conn.recv().await.is_err(), "server: a second message on {i}");
         });
     }

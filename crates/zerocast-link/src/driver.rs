@@ -300,14 +300,14 @@ impl Driver {
                 if st.receiver_gone {
                     let _ = st.credits.release_many(self.shared.cost_of(buf.len()));
                     drop(buf);
-                } else if let Err(d) = handoff::offer(&self.shared, Delivery::Msg(buf, imm)) {
-                    if self.shared.push_delivery(d).is_err() {
-                        // Credits make this impossible; a full queue means
-                        // the peer overran its window.
-                        drop(st);
-                        let window = self.shared.lock().credits.window();
-                        return Err(self.fail(zerocast_core::CreditError::Overrun { window }.into()));
-                    }
+                } else if handoff::wanted(&self.shared) {
+                    handoff::keep(Delivery::Msg(buf, imm));
+                } else if self.shared.push_delivery(Delivery::Msg(buf, imm)).is_err() {
+                    // Credits make this impossible; a full queue means
+                    // the peer overran its window.
+                    drop(st);
+                    let window = self.shared.lock().credits.window();
+                    return Err(self.fail(zerocast_core::CreditError::Overrun { window }.into()));
                 }
             }
             FrameKind::Credit => {}

@@ -5,7 +5,7 @@
 //! pumps the source itself opens a [`Handoff`] for its connection first.
 //! The driver, taking a data frame during that pump with nothing queued
 //! before it, leaves it in the handoff instead of the delivery queue
-//! ([`offer`]), and the receiving thread takes it when the pump returns:
+//! ([`wanted`], [`keep`]), and the receiving thread takes it when the pump returns:
 //! a queue push and pop less on every message a polling thread receives,
 //! which is most of them.
 //!
@@ -64,19 +64,22 @@ impl Drop for Handoff<'_> {
     }
 }
 
-/// From the driver, with the state locked: keep `d` for this thread's
-/// receive if it opened a handoff for `shared` and nothing is queued
-/// before it. `Err`: queue it.
+/// From the driver, with the state locked: whether this thread's receive
+/// takes the next delivery for `shared` ([`keep`] it then): it opened a
+/// handoff for `shared` and nothing is queued before it. Asked before the
+/// delivery is made, so a message that is queued instead moves only once.
 #[inline(always)]
-pub(crate) fn offer(shared: &Shared, d: Delivery) -> Result<(), Delivery> {
-    if WANT.get() != key(shared) || !shared.delivered.is_empty() {
-        return Err(d);
-    }
+pub(crate) fn wanted(shared: &Shared) -> bool {
+    WANT.get() == key(shared) && shared.delivered.is_empty()
+}
+
+/// Keep `d` for this thread's receive (after [`wanted`] said so).
+#[inline(always)]
+pub(crate) fn keep(d: Delivery) {
     WANT.set(0);
     // Not `SLOT.set`: `LocalKey::set` goes through the key's lazy
     // initialisation, a call on every message.
     SLOT.with_borrow_mut(|slot| *slot = Some(d));
-    Ok(())
 }
 
 #[cfg(test)]
@@ -148,6 +151,15 @@ mod tests {
         assert_eq!(u32::from_le_bytes(m[..4].try_into().unwrap()), 1);
         assert_eq!(seq(&link), 2);
         assert_eq!(*queued.lock().unwrap(), [0, 1]);
+    }
+
+    /// What the driver does with a message: keep it if it is wanted.
+    fn offer(shared: &Shared, d: Delivery) -> Result<(), Delivery> {
+        if !wanted(shared) {
+            return Err(d);
+        }
+        keep(d);
+        Ok(())
     }
 
     fn msg(link: &Link) -> Delivery {

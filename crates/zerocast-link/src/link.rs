@@ -198,21 +198,17 @@ impl Link {
                 },
             }
         };
-        let (mut st, buf, reservation) = if tag == 0 {
-            let (st, buf, reservation) = match self.shared.try_direct(st, buf, reservation) {
-                Ok(()) => return Ok(()),
-                Err(back) => back,
-            };
-            match self.shared.try_stage(st, buf, reservation) {
-                Ok(next) => {
-                    self.after_staging(next);
-                    return Ok(());
-                }
-                Err(back) => back,
+        if tag == 0 {
+            if let Some(w) = self.shared.direct_wire(&st, buf.len()) {
+                self.shared.write_direct(st, w, buf, reservation);
+                return Ok(());
             }
-        } else {
-            (st, buf, reservation)
-        };
+            if self.shared.may_stage(&st, buf.len()) {
+                let next = self.shared.stage(st, buf, reservation);
+                self.after_staging(next);
+                return Ok(());
+            }
+        }
         if let Some(e) = st.failed.clone() {
             st.credits.cancel(reservation);
             return Err(SendError::Failed(buf, e));

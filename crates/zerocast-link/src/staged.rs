@@ -72,27 +72,23 @@ pub(crate) enum Next {
 }
 
 impl Shared {
-    /// Stage `buf`'s frame if the wire takes it as bytes and nothing is
-    /// queued ahead of it (see the module docs); the buffer goes back to
-    /// the pool here. `Err`: not staged; the lock, held throughout, comes
-    /// back and the caller queues the frame.
+    /// Whether a data frame of `len` bytes may be staged now: the wire
+    /// takes it as bytes, there is room, and nothing is queued ahead of it
+    /// (see the module docs). If not, the caller queues it.
     #[inline]
-    pub(crate) fn try_stage<'a>(
-        &'a self,
-        mut st: MutexGuard<'a, State>,
-        buf: Buf,
-        r: Reservation,
-    ) -> Result<Next, (MutexGuard<'a, State>, Buf, Reservation)> {
-        let max = self.stage_max.load(Ordering::Relaxed);
-        let size = HEADER_LEN + buf.len();
-        if buf.len() > max
-            || st.queued_data > 0
-            || st.goodbye_sent
-            || st.failed.is_some()
-            || st.staged.bytes.len() + size > CAP
-        {
-            return Err((st, buf, r));
-        }
+    pub(crate) fn may_stage(&self, st: &State, len: usize) -> bool {
+        len <= self.stage_max.load(Ordering::Relaxed)
+            && st.queued_data == 0
+            && !st.goodbye_sent
+            && st.failed.is_none()
+            && st.staged.bytes.len() + HEADER_LEN + len <= CAP
+    }
+
+    /// Stage `buf`'s frame (after [`Shared::may_stage`], under the same
+    /// lock); the buffer goes back to the pool here.
+    #[inline]
+    pub(crate) fn stage(&self, mut st: MutexGuard<'_, State>, buf: Buf, r: Reservation) -> Next {
+        debug_assert!(self.may_stage(&st, buf.len()));
         if self.heartbeat.is_some() && st.credits.peer_may_be_starved() {
             // The credits this frame returns may end the peer's
             // starvation: its silence counts from now (as for a batch).
@@ -118,13 +114,13 @@ impl Shared {
         }
         drop(st);
         drop(buf);
-        Ok(if full {
+        if full {
             Next::Write
         } else if first {
             Next::Kick
         } else {
             Next::Nothing
-        })
+        }
     }
 
     /// Something may be staged (a hint, read without the lock).

@@ -386,29 +386,35 @@ impl Shared {
         Ok(())
     }
 
-    /// Write a data frame on the calling thread if the wire allows it now
-    /// (see the module docs). `Ok(())`: handled (written, or the connection
-    /// failed while writing; later calls report it). `Err`: not handled; the
-    /// state lock, held throughout, comes back and the caller queues the frame.
-    pub(crate) fn try_direct<'a>(
-        &'a self,
-        mut st: std::sync::MutexGuard<'a, State>,
-        buf: Buf,
-        r: Reservation,
-    ) -> Result<(), (std::sync::MutexGuard<'a, State>, Buf, Reservation)> {
-        let Some(wire) = self.wire.0.get() else { return Err((st, buf, r)) };
+    /// The wire, if a data frame of `len` bytes may be written on the
+    /// calling thread now (see the module docs), for
+    /// [`Shared::write_direct`]; `None`: the caller stages or queues it.
+    ///
+    /// Asks before it takes: the buffer moves only into the path that
+    /// sends it, not out through an error and into the next attempt.
+    #[inline]
+    pub(crate) fn direct_wire(&self, st: &State, len: usize) -> Option<MutexGuard<'_, Box<dyn Wire>>> {
+        let wire = self.wire.0.get()?;
         let quiet = st.credits.outstanding() <= DIRECT_MAX_OUTSTANDING;
-        if st.queued_data > 0
-            || !st.staged.is_empty()
-            || st.goodbye_sent
-            || !(quiet || buf.len() >= DIRECT_LARGE)
-        {
-            return Err((st, buf, r));
+        if st.queued_data > 0 || !st.staged.is_empty() || st.goodbye_sent || !(quiet || len >= DIRECT_LARGE) {
+            return None;
         }
         // The state stays locked: the wire is only tried, never waited
         // for, against the usual order (the wire first), so no thread
         // holding the wire and waiting for the state is waited on.
-        let Some(mut w) = try_wire(wire) else { return Err((st, buf, r)) };
+        try_wire(wire)
+    }
+
+    /// Write a data frame through `w` (from [`Shared::direct_wire`]) on
+    /// the calling thread. A write that fails fails the connection; later
+    /// calls report it.
+    pub(crate) fn write_direct(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        mut w: MutexGuard<'_, Box<dyn Wire>>,
+        buf: Buf,
+        r: Reservation,
+    ) {
         self.fold_releases(&mut st);
         let starved = st.credits.peer_may_be_starved();
         let stamp = st.credits.commit(r);
@@ -430,6 +436,5 @@ impl Shared {
         if let Err(e) = res {
             self.fail(&mut self.lock(), e);
         }
-        Ok(())
     }
 }

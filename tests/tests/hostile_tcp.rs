@@ -168,6 +168,42 @@ fn peer_closing_mid_frame_is_truncation() {
     assert_eq!(err.kind(), ErrorKind::PeerGone, "a peer that closed mid-frame is gone");
 }
 
+/// Small frames that arrive together, in one read, are each checked and
+/// delivered in order: a credit frame among them is accounted for in its
+/// place, and a frame that breaks the protocol after them fails the
+/// connection only after every good frame before it is delivered.
+#[test]
+fn frames_read_together_are_each_checked_in_order() {
+    let zc = zc();
+    let (listener, addr) = listen(&zc);
+    let (mut bad, server) = handshaken(&listener, addr, 8);
+    let mut bytes = Vec::new();
+    for seq in 0..300u32 {
+        if seq == 150 {
+            bytes.extend_from_slice(&Header::new(FrameKind::Credit, 0, seq, 0).encode());
+            continue;
+        }
+        bytes.extend_from_slice(&data(seq, &seq.to_le_bytes()));
+    }
+    // The magic and this build's version, then kind 15, which does not
+    // exist: one write with the rest, so it waits in staging behind them.
+    bytes.extend_from_slice(&[MAGIC, (VERSION << 4) | 0xf]);
+    bytes.extend_from_slice(&[0u8; 14]);
+    bad.write_all(&bytes).expect("write");
+    let mut got = Vec::new();
+    let err = loop {
+        match server.recv_timeout(Duration::from_secs(5)) {
+            Ok(m) => got.push(u32::from_le_bytes(m[..4].try_into().expect("four bytes"))),
+            Err(RecvError::Failed(e)) => break e,
+            Err(e) => panic!("expected the frames, then a failure: {e}"),
+        }
+    };
+    let sent: Vec<u32> = (0..300).filter(|&s| s != 150).collect();
+    assert_eq!(got, sent, "every data frame, once, in order");
+    assert!(matches!(err, ConnError::Frame(FrameError::UnknownKind { .. })), "{err:?}");
+    check_good_peer(&zc, &listener);
+}
+
 #[test]
 fn credit_overrun_and_bad_sequence_are_detected() {
     let zc = zc();
@@ -205,7 +241,7 @@ fn credit_overrun_and_bad_sequence_are_detected() {
 }
 
 /// A peer that claims a large window of small messages cannot spend it on
-/// large ones: each frame costs a credit per 4 KiB begun past its first, so
+/// large ones: each frame costs a credit per unit begun past its first, so
 /// the bytes it can make the listener hold are bounded by the window times
 /// the unit, and the frame past that is an overrun.
 #[test]

@@ -18,9 +18,9 @@
 //! else (all under the state lock), so frames reach the wire in the order
 //! they were stamped.
 //!
-//! Memory: two areas of [`CAP`] bytes per connection, made when its first
-//! frame is staged and never grown: the one senders fill, and the one the
-//! writer swapped out last. A frame that does not fit is queued as usual
+//! Memory: two areas of [`CAP`] bytes per connection, both made when its
+//! first frame is staged and never grown: the one senders fill, and the
+//! one the writer swapped out last. A frame that does not fit is queued as usual
 //! (and frames after it queue behind it until the queue drains), and a
 //! sender that finds four rings' worth staged writes them itself when the
 //! wire is free. So staging allocates nothing per message.
@@ -51,6 +51,11 @@ const CAP: usize = 64 * 1024;
 pub(crate) struct Staged {
     bytes: Vec<u8>,
     frames: u32,
+    /// The second area, made with the first: it replaces a writer's buffer
+    /// that comes back in exchange without an area's capacity (the first
+    /// time a writer takes the area), so that no area is ever made after
+    /// the first frame.
+    spare: Vec<u8>,
 }
 
 impl Staged {
@@ -99,9 +104,9 @@ impl Shared {
         let header = stamp.header(FrameKind::Data, buf.len() as u64).encode();
         let staged = &mut st.staged;
         if staged.bytes.capacity() < CAP {
-            // The first frame staged here (or since the writer took the
-            // area and left its own in exchange, the first time).
+            // The first frame staged here: both areas are made now.
             staged.bytes.reserve_exact(CAP);
+            staged.spare.reserve_exact(CAP);
         }
         staged.bytes.extend_from_slice(&header);
         staged.bytes.extend_from_slice(&buf);
@@ -146,6 +151,10 @@ pub(crate) fn take(shared: &Shared, st: &mut State, out: &mut Vec<u8>) {
     }
     debug_assert!(out.is_empty(), "the writer's bytes were not written");
     std::mem::swap(&mut st.staged.bytes, out);
+    if st.staged.bytes.capacity() < CAP {
+        // The writer's first exchange: it had no area of its own yet.
+        std::mem::swap(&mut st.staged.bytes, &mut st.staged.spare);
+    }
     st.staged.frames = 0;
     shared.staged_hint.store(false, Ordering::SeqCst);
 }

@@ -34,8 +34,11 @@ use crate::driver::Fill;
 use crate::shared::{Shared, State, DUE, IDLE, LINGERING};
 use crate::{Driver, Frame};
 
-/// A sending thread writes its frame itself only while fewer than this many
-/// frames are in flight: beyond that, batching in the writer pays more.
+/// A sending thread writes its frame itself only while at most this many
+/// credits are outstanding: beyond that, batching in the writer pays more.
+/// Credits, not frames: a small frame takes one, but on a receiver that
+/// weighs its credits (`tcp://`, a credit per KiB begun past the first) a
+/// frame of a few KiB takes several, so fewer of those count as quiet.
 pub(crate) const DIRECT_MAX_OUTSTANDING: u32 = 4;
 
 /// A frame this large is written by its sending thread whenever the wire

@@ -185,8 +185,8 @@ impl Connection {
     }
 
     /// [`Connection::ready`] for a message of `len` bytes, which on
-    /// `tcp://` may take more than one credit (one per 4 KiB begun past
-    /// its first).
+    /// `tcp://` may take more than one credit (one per KiB begun past its
+    /// first).
     pub async fn ready_for(&self, len: usize) {
         let link = self.conn.link();
         poll_fn(|cx| self.reading.poll_waiting(link, cx, |cx| link.poll_credit(len, cx))).await

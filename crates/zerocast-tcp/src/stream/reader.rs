@@ -1,9 +1,9 @@
 //! The socket's read half: decode frames from the socket into pool buffers.
 //!
-//! Small frames are read many at a time into a staging buffer and their
-//! payloads copied into pool buffers. The rest of a large payload is read
-//! straight into its pool buffer, with a little staging behind it in the
-//! same `readv` to pick up the next header.
+//! Frames that fit in the staging buffer are read many at a time into it
+//! and their payloads copied into pool buffers. The rest of a larger
+//! payload is read straight into its pool buffer, with a little staging
+//! behind it in the same `readv` to pick up the next header.
 
 use std::io::IoSliceMut;
 use std::net::Shutdown;
@@ -20,10 +20,14 @@ use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
 use zerocast_link::{Driver, Interrupt, Pumped, Source};
 use zerocast_mem::{Buf, PoolError, Wait};
 
-/// Staging for headers and small frames.
+/// Staging for headers and for frames that fit in it.
 const STAGING: usize = 16 * 1024;
-/// Payloads at least this long are read straight into their pool buffer.
-const DIRECT: usize = STAGING / 4;
+/// Payloads at least this long are read straight into their pool buffer:
+/// those that do not fit in staging. A shorter one is read through staging
+/// with the frames behind it and copied. Read straight, a payload of a few
+/// KiB would cost a system call per frame, and the staging tail of that
+/// read brings most of the next payload anyway, which is copied then.
+const DIRECT: usize = STAGING;
 /// Staging read behind a direct payload read.
 const TAIL: usize = 4096;
 

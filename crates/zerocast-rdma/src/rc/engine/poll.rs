@@ -28,6 +28,14 @@ use crate::rc::RcError;
 /// In event mode, how long a receiving thread spins on the CQ before it
 /// sleeps until the CQ's next completion event.
 const SPIN: Duration = Duration::from_micros(50);
+/// A waiting thread polls the CQ this many times between two reads of the
+/// clock, with no pause instruction in between, as `ib_send_lat` polls. A
+/// completion that lands while the thread reads the clock waits for the
+/// read, and a read can cost far more than a poll: in a TCG guest, whose
+/// clock is the emulated HPET, a read is a system call of about 1.6 µs,
+/// and a PAUSE leaves the translated code for about a microsecond. Read
+/// on every spin, they added about 2 µs to each half round trip there.
+const POLLS_PER_CLOCK: u32 = 16;
 /// The longest sleep of a thread that could not make its eventfd (see
 /// [`Interrupt::this_thread`]): nothing can wake it, so it looks again.
 const NO_INTERRUPT_SLICE: Duration = Duration::from_millis(10);
@@ -206,6 +214,10 @@ impl Source for RcSource {
                 }
                 continue;
             };
+            spins = spins.wrapping_add(1);
+            if start.is_some() && spins % POLLS_PER_CLOCK != 0 {
+                continue;
+            }
             let now = Instant::now();
             if now >= until {
                 if self.arm_again(driver) {
@@ -214,14 +226,11 @@ impl Source for RcSource {
                 return Pumped::Idle;
             }
             let start = *start.get_or_insert(now);
-            spins = spins.wrapping_add(1);
             if !self.event_mode || now - start < SPIN {
                 // Stay on the CPU, but let a thread on this core that would
                 // send (the peer, in the same process) go now and then.
-                if spins & 63 == 63 {
+                if spins % (4 * POLLS_PER_CLOCK) == 0 {
                     thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
                 }
                 continue;
             }

@@ -31,10 +31,10 @@ const SPIN: Duration = Duration::from_micros(50);
 /// A waiting thread polls the CQ this many times between two reads of the
 /// clock, with no pause instruction in between, as `ib_send_lat` polls. A
 /// completion that lands while the thread reads the clock waits for the
-/// read, and a read can cost far more than a poll: in a TCG guest, whose
-/// clock is the emulated HPET, a read is a system call of about 1.6 µs,
-/// and a PAUSE leaves the translated code for about a microsecond. Read
-/// on every spin, they added about 2 µs to each half round trip there.
+/// read, and where the clock is not the CPU's counter a read is a system
+/// call: about 1.6 µs on an emulated HPET, the clock a TCG guest falls
+/// back to when its kernel finds the TSC unstable. Under TCG a PAUSE, too,
+/// leaves the translated code for about a microsecond.
 const POLLS_PER_CLOCK: u32 = 16;
 /// The longest sleep of a thread that could not make its eventfd (see
 /// [`Interrupt::this_thread`]): nothing can wake it, so it looks again.

@@ -6,11 +6,12 @@
 //! that counter, and there the read perturbs what it measures: in a TCG
 //! guest whose clock source is the emulated HPET (the guest boots on its
 //! TSC, and its kernel falls back to the HPET when it finds the TSC
-//! unstable), one read takes about 1.6 µs, and reading it once per round trip made `lat rc` read some
-//! 0.3-0.45 µs slower at 64 B (docs/benchmark-history.md, the twelfth
-//! session). The counter's rate is taken from the test itself: counter
-//! ticks against the monotonic clock over the whole test, which a few
-//! microseconds of error in either end cannot move.
+//! unstable), one read takes about 1.6 µs, and reading it once per round
+//! trip made `lat rc` read some 0.3-0.45 µs slower at 64 B
+//! (docs/benchmark-history.md, the twelfth session). The counter's rate is
+//! taken from the test itself: counter ticks against the monotonic clock
+//! over the whole test, which a few microseconds of error in either end
+//! cannot move.
 
 use std::time::Instant;
 

@@ -20,6 +20,14 @@ fn zc() -> Zerocast {
     Zerocast::with_config(cfg)
 }
 
+/// A context whose frames may take 10 s to arrive whole, at the default
+/// window: for peers that write a stream in pieces.
+fn patient_zc() -> Zerocast {
+    let mut cfg = Config::default();
+    cfg.tcp = TcpConfig::default().with_timeouts(Duration::from_millis(500), Duration::from_secs(10));
+    Zerocast::with_config(cfg)
+}
+
 fn listen(zc: &Zerocast) -> (Listener, SocketAddr) {
     let l = zc.listen("tcp://127.0.0.1:0").expect("listen");
     let addr = l.local_endpoint().authority().parse().expect("addr");
@@ -210,9 +218,7 @@ fn frames_read_together_are_each_checked_in_order() {
 /// written: every message arrives whole, unchanged and in order.
 #[test]
 fn frames_of_every_size_arrive_whole_however_the_stream_is_cut() {
-    let mut cfg = Config::default();
-    cfg.tcp = TcpConfig::default().with_timeouts(Duration::from_millis(500), Duration::from_secs(10));
-    let zc = Zerocast::with_config(cfg);
+    let zc = patient_zc();
     let (listener, addr) = listen(&zc);
     let (mut bad, server) = handshaken(&listener, addr, 8);
     let sizes = [1usize, 2047, 2049, 4096, 12 << 10, (16 << 10) - 1, 16 << 10, (16 << 10) + 1, 40 << 10, 64];
@@ -579,9 +585,7 @@ fn iter_results_ends_with_the_failure() {
 /// keeps its deadline, and the message arrives whole with its last byte.
 #[test]
 fn try_recv_never_waits_for_a_frame_that_trickles_in() {
-    let mut cfg = Config::default();
-    cfg.tcp = TcpConfig::default().with_timeouts(Duration::from_millis(500), Duration::from_secs(10));
-    let zc = Zerocast::with_config(cfg);
+    let zc = patient_zc();
     let (listener, addr) = listen(&zc);
     let (mut bad, server) = handshaken(&listener, addr, 8);
     let payload: Vec<u8> = (0..1usize << 20).map(|i| (i * 7 + i / 251) as u8).collect();

@@ -32,6 +32,7 @@ pub mod kv;
 mod msg;
 mod pingpong;
 mod raw;
+mod thr;
 mod udp;
 mod zc;
 #[cfg(feature = "zeromq")]
@@ -43,11 +44,12 @@ pub use asyncs::{AsyncZcPing, AsyncZcPipe, TokioPing};
 pub use blob::{Blob, TypedBytesPipe};
 pub use msg::{Bytes, Small, SmallBytes, SmallRef};
 pub use pingpong::{round_trips, PingPong, RawPing, ZcPing};
-pub use raw::{socket_pair, Baseline, RawPipe};
+pub use raw::{read_frame, socket_pair, Baseline, FrameWriter, RawPipe, WRITE_BATCH};
+pub use thr::thr_args;
 pub use udp::{UdpPipe, UDP_WINDOW};
 pub use zc::{bench_link, zc_pair, zc_pair_with, TypedPipe, ZcPipe};
 #[cfg(feature = "zeromq")]
-pub use zmq::{thr_args, ZmqPipe, ZmqReqRep};
+pub use zmq::{ZmqPipe, ZmqReqRep};
 
 /// The error type of pipe construction.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -183,6 +185,22 @@ mod tests {
             assert_eq!(out.len(), 50);
             assert!(out.iter().all(|&ns| ns > 0));
         }
+    }
+
+    #[test]
+    fn raw_frames_read_back_in_order_and_a_wrong_length_is_an_error() {
+        let mut bytes = Vec::new();
+        FrameWriter::batched(3).send(&mut bytes, 2).unwrap();
+        assert_eq!(bytes.len(), 2 * (RAW_PREFIX + 3));
+        let (mut prefix, mut payload) = ([0u8; RAW_PREFIX], [0u8; 3]);
+        let mut r = &bytes[..];
+        for seq in 0..2 {
+            read_frame(&mut r, &mut prefix, &mut payload).unwrap();
+            assert_eq!(stamp_of(&payload), seq);
+        }
+        let mut wrong = [0u8; 4];
+        let err = read_frame(&mut &bytes[..], &mut prefix, &mut wrong).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The hand-written baselines: length-prefixed messages on a plain socket2
 //! TCP socket over loopback, `TCP_NODELAY` on both ends.
 
-use std::io::{BufReader, IoSlice, Read, Write};
+use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread::{self, JoinHandle};
@@ -12,7 +12,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use crate::{stamp, stamp_of, BoxError, Pipe, RAW_PREFIX};
 
 /// Bytes a batched baseline gathers into one write.
-const WRITE_BATCH: usize = 64 * 1024;
+pub const WRITE_BATCH: usize = 64 * 1024;
 
 /// Which hand-written sender and receiver to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,10 +55,11 @@ pub struct RawPipe {
     mode: Baseline,
     size: usize,
     n: u64,
-    /// Frames per write, and the pre-built frames themselves.
-    per_write: usize,
-    frames: Vec<u8>,
-    /// [`Baseline::Gathered`]: one payload buffer per message of a `writev`.
+    /// [`Baseline::Batched`] and [`Baseline::Naive`]: the sender.
+    writer: FrameWriter,
+    /// [`Baseline::Gathered`]: the headers of a `writev`, and one payload
+    /// buffer per message.
+    headers: Vec<u8>,
     payloads: Vec<Vec<u8>>,
     seq: u64,
     done: Receiver<()>,
@@ -85,16 +86,20 @@ impl RawPipe {
     pub fn new(mode: Baseline, size: usize, n: u64) -> Result<Self, BoxError> {
         let (sock, server) = socket_pair()?;
         let prefix = mode.prefix_len();
-        let (per_write, frame, payloads) = match mode {
-            Baseline::Batched => ((WRITE_BATCH / (prefix + size)).max(1), prefix + size, Vec::new()),
-            Baseline::Naive => (1, prefix + size, Vec::new()),
-            // `frames` holds only the headers; payloads live apart.
-            Baseline::Gathered => (GATHER, prefix, (0..GATHER).map(|_| vec![0u8; size]).collect()),
+        let writer = match mode {
+            Baseline::Naive => FrameWriter::naive(size),
+            Baseline::Batched | Baseline::Gathered => FrameWriter::batched(size),
         };
-        let mut frames = vec![0u8; per_write * frame];
-        for f in frames.chunks_mut(frame) {
-            f[..RAW_PREFIX].copy_from_slice(&(size as u64).to_le_bytes());
-        }
+        let (headers, payloads) = match mode {
+            Baseline::Gathered => {
+                let mut headers = vec![0u8; GATHER * prefix];
+                for h in headers.chunks_mut(prefix) {
+                    h[..RAW_PREFIX].copy_from_slice(&(size as u64).to_le_bytes());
+                }
+                (headers, (0..GATHER).map(|_| vec![0u8; size]).collect())
+            }
+            Baseline::Batched | Baseline::Naive => (Vec::new(), Vec::new()),
+        };
         let (tx, done) = sync_channel(1);
         let receiver = thread::Builder::new().name("raw-rx".into()).spawn(move || {
             let mut payload = vec![0u8; size];
@@ -110,7 +115,7 @@ impl RawPipe {
             };
             debug_assert!(ok.is_ok(), "raw receiver: {ok:?}");
         })?;
-        Ok(Self { sock, mode, size, n, per_write, frames, payloads, seq: 0, done, receiver: Some(receiver) })
+        Ok(Self { sock, mode, size, n, writer, headers, payloads, seq: 0, done, receiver: Some(receiver) })
     }
 
     /// Which baseline this is.
@@ -128,26 +133,86 @@ fn receive(
     n: u64,
     expect: &mut u64,
     mut done: impl FnMut() -> bool,
-) -> std::io::Result<()> {
+) -> io::Result<()> {
     let mut prefix = [0u8; 16];
     let prefix = &mut prefix[..prefix_len];
     loop {
         for i in 0..n {
-            match r.read_exact(prefix) {
-                Err(e) if i == 0 && e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            match read_frame(r, prefix, payload) {
+                Err(e) if i == 0 && e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
                 other => other?,
             }
-            let mut len = [0u8; RAW_PREFIX];
-            len.copy_from_slice(&prefix[..RAW_PREFIX]);
-            let len = u64::from_le_bytes(len) as usize;
-            assert_eq!(len, payload.len(), "raw receiver: bad length prefix");
-            r.read_exact(payload)?;
             assert_eq!(stamp_of(payload), *expect, "raw receiver: message out of order");
             *expect += 1;
         }
         if !done() {
             return Ok(());
         }
+    }
+}
+
+/// Read one frame: its `prefix` (whose first 8 bytes are the payload's
+/// length, little-endian), then its payload into `payload`, whose length
+/// the prefix must name.
+pub fn read_frame(r: &mut impl Read, prefix: &mut [u8], payload: &mut [u8]) -> io::Result<()> {
+    r.read_exact(prefix)?;
+    let mut len = [0u8; RAW_PREFIX];
+    len.copy_from_slice(&prefix[..RAW_PREFIX]);
+    let len = u64::from_le_bytes(len);
+    if len != payload.len() as u64 {
+        let e = format!("a frame of {len} bytes, not {}", payload.len());
+        return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+    }
+    r.read_exact(payload)
+}
+
+/// The batched and naive baselines' sender: `per_write` frames (the
+/// 8-byte length, then the payload) built once in one buffer. Each send
+/// stamps the next sequence numbers into them and writes as many as it
+/// sends with one `write_all`.
+#[derive(Debug)]
+pub struct FrameWriter {
+    frames: Vec<u8>,
+    size: usize,
+    per_write: usize,
+    seq: u64,
+}
+
+impl FrameWriter {
+    /// [`Baseline::Batched`]'s sender: as many frames per write as fit in
+    /// [`WRITE_BATCH`] bytes, and at least one.
+    pub fn batched(size: usize) -> Self {
+        Self::new(size, (WRITE_BATCH / (RAW_PREFIX + size)).max(1))
+    }
+
+    /// [`Baseline::Naive`]'s sender: one frame per write.
+    pub fn naive(size: usize) -> Self {
+        Self::new(size, 1)
+    }
+
+    fn new(size: usize, per_write: usize) -> Self {
+        let frame = RAW_PREFIX + size;
+        let mut frames = vec![0u8; per_write * frame];
+        for f in frames.chunks_mut(frame) {
+            f[..RAW_PREFIX].copy_from_slice(&(size as u64).to_le_bytes());
+        }
+        Self { frames, size, per_write, seq: 0 }
+    }
+
+    /// Write `n` messages to `w`, numbered on from the last send's.
+    pub fn send(&mut self, mut w: impl Write, n: u64) -> io::Result<()> {
+        let frame = RAW_PREFIX + self.size;
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(self.per_write as u64) as usize;
+            for f in self.frames[..k * frame].chunks_mut(frame) {
+                stamp(&mut f[RAW_PREFIX..], self.seq);
+                self.seq += 1;
+            }
+            w.write_all(&self.frames[..k * frame])?;
+            left -= k as u64;
+        }
+        Ok(())
     }
 }
 
@@ -164,7 +229,7 @@ impl RawPipe {
                 self.seq += 1;
             }
             let mut iov = [IoSlice::new(&[]); 2 * GATHER];
-            for (i, (h, p)) in self.frames.chunks(prefix).zip(&self.payloads[..k]).enumerate() {
+            for (i, (h, p)) in self.headers.chunks(prefix).zip(&self.payloads[..k]).enumerate() {
                 iov[2 * i] = IoSlice::new(h);
                 iov[2 * i + 1] = IoSlice::new(p);
             }
@@ -186,18 +251,7 @@ impl Pipe for RawPipe {
             return self.batch_gathered();
         }
         let start = Instant::now();
-        let frame = self.mode.prefix_len() + self.size;
-        let mut w = &self.sock;
-        let mut left = self.n;
-        while left > 0 {
-            let k = left.min(self.per_write as u64) as usize;
-            for f in self.frames[..k * frame].chunks_mut(frame) {
-                stamp(&mut f[frame - self.size..], self.seq);
-                self.seq += 1;
-            }
-            w.write_all(&self.frames[..k * frame]).expect("raw send");
-            left -= k as u64;
-        }
+        self.writer.send(&self.sock, self.n).expect("raw send");
         self.done.recv().expect("raw receiver stopped");
         start.elapsed()
     }

@@ -213,9 +213,11 @@ fn frames_read_together_are_each_checked_in_order() {
 }
 
 /// Payloads on both sides of each read path's bounds (copied through the
-/// reader's 16 KiB staging, or read straight into their buffer past it),
-/// in a stream cut at awkward places, each piece read before the next is
-/// written: every message arrives whole, unchanged and in order.
+/// reader's staging, or read straight into their buffer past 16 KiB), in a
+/// stream cut at awkward places (a piece of 100 KiB among them, which
+/// fills the staging and makes it grow with a frame part-way), each piece
+/// read before the next is written: every message arrives whole, unchanged
+/// and in order.
 #[test]
 fn frames_of_every_size_arrive_whole_however_the_stream_is_cut() {
     let zc = patient_zc();
@@ -230,7 +232,7 @@ fn frames_of_every_size_arrive_whole_however_the_stream_is_cut() {
         bytes.extend_from_slice(&data(seq as u32, p));
     }
     let mut got: Vec<Vec<u8>> = Vec::new();
-    let cuts = [1usize, 15, 17, 4095, 4097, 16 << 10, 3, (64 << 10) + 1, 9000];
+    let cuts = [1usize, 15, 17, 4095, 4097, 16 << 10, 3, (64 << 10) + 1, 9000, 100 << 10];
     let mut at = 0;
     for &cut in cuts.iter().cycle() {
         if at == bytes.len() {

@@ -1,7 +1,8 @@
 //! The socket's read half: decode frames from the socket into pool buffers.
 //!
 //! Frames that fit in the staging buffer are read many at a time into it
-//! and their payloads copied into pool buffers. The rest of a larger
+//! and their payloads copied into pool buffers. Staging starts at 16 KiB
+//! and grows once, to 64 KiB, when a read fills it. The rest of a larger
 //! payload is read straight into its pool buffer, with a little staging
 //! behind it in the same `readv` to pick up the next header.
 
@@ -20,8 +21,12 @@ use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
 use zerocast_link::{Driver, Interrupt, Pumped, Source};
 use zerocast_mem::{Buf, PoolError, Wait};
 
-/// Staging for headers and for frames that fit in it.
+/// Staging for headers and for frames that fit in it: its size at first.
 const STAGING: usize = 16 * 1024;
+/// Staging's size once a read has filled it: the peer streams, and larger
+/// reads pay the system call and the socket's lock once for more frames.
+/// A connection that never fills its staging never pays for this.
+const STAGING_MAX: usize = 64 * 1024;
 /// Payloads at least this long are read straight into their pool buffer:
 /// those that do not fit in staging. A shorter one is read through staging
 /// with the frames behind it and copied. Read straight, a payload of a few
@@ -550,6 +555,10 @@ impl Reader {
                     self.progressed();
                     self.drained = k < self.staging.len() - self.end;
                     self.end += k;
+                    if !self.drained && self.staging.len() < STAGING_MAX {
+                        // Once per connection at most.
+                        self.staging.resize(STAGING_MAX, 0);
+                    }
                 }
                 Err(e) if e == Errno::AGAIN => return Err(Stop::Idle),
                 Err(e) if e == Errno::INTR => continue,

@@ -1,0 +1,28 @@
+//! The batched raw socket, sending side, as `raw_local_thr` receives it: a
+//! TCP connection to `CONNECT` (`host:port`) with `TCP_NODELAY`, frames (an
+//! 8-byte length, then the payload) built in place in one 64 KiB buffer and
+//! sent with one `write_all` per full buffer, `COUNT` messages, then close.
+//!
+//! `raw_remote_thr CONNECT SIZE COUNT`.
+
+use std::net::{Shutdown, TcpStream};
+use std::process::ExitCode;
+
+use zerocast_benches::FrameWriter;
+
+fn main() -> ExitCode {
+    let (connect, size, count) = zerocast_benches::thr_args("raw_remote_thr", "CONNECT-TO");
+    let run = || -> std::io::Result<()> {
+        let s = TcpStream::connect(&connect)?;
+        s.set_nodelay(true)?;
+        FrameWriter::batched(size).send(&s, count)?;
+        s.shutdown(Shutdown::Write)
+    };
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("raw_remote_thr: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -283,16 +283,35 @@ pub async fn typed_roundtrip(t: AsyncTransport) {
 }
 
 /// The borrowing receive: fields point into the receive buffer, which goes
-/// back with its credit when the guard drops (more messages than the
-/// window).
+/// back with its credit when the guard drops, or when `recv_with`'s
+/// closure returns (more messages than the window; every other one each
+/// way).
 pub async fn borrowed_receive(t: AsyncTransport, window: u32) {
     let (client, server) = t.pair().await;
     let (server_tx, rx) = server.split::<(), Record<'static>>();
     let (tx, client_rx) = client.split::<Record<'static>, ()>();
     let payload = vec![7u8; 3000];
+    assert!(matches!(rx.try_recv_with(|_| ()), Err(TypedRecvError::Recv(RecvError::Empty))));
+    // A `recv_with` dropped while it waits takes nothing (cancel-safe):
+    // the message sent after it goes to the next receive.
+    let waited = tokio::time::timeout(Duration::from_millis(20), rx.recv_with(|rec| rec.n)).await;
+    assert!(waited.is_err(), "nothing was sent yet: {waited:?}");
+    tx.send_borrowed(&Record { key: "first", value: b"", n: u64::MAX }).await.expect("send");
+    assert_eq!(
+        rx.recv_with(|rec| (rec.key.to_owned(), rec.n)).await.expect("recv_with"),
+        ("first".into(), u64::MAX)
+    );
     for n in 0..(3 * u64::from(window)) {
         let key = format!("key-{n}");
         tx.send_borrowed(&Record { key: &key, value: &payload, n }).await.expect("send");
+        if n % 2 == 1 {
+            let got = rx
+                .recv_with(|rec| (rec.key.to_owned(), rec.n, rec.value == &payload[..]))
+                .await
+                .expect("recv_with");
+            assert_eq!(got, (key, n, true));
+            continue;
+        }
         let guard = rx.recv_ref().await.expect("recv_ref");
         let rec = guard.get();
         assert_eq!((rec.key, rec.n), (key.as_str(), n));

@@ -361,16 +361,33 @@ mod serde_bytes_compat {
 }
 
 /// `recv_ref` gives fields that point into the receive buffer itself, and
-/// the buffer goes back (and its credit with it) when the guard drops.
+/// the buffer goes back (and its credit with it) when the guard drops;
+/// `recv_with` runs a closure on the borrowed message and gives the buffer
+/// back when it returns. Every other message is received each way.
 pub fn borrowed_receive(t: &Transport, window: u32) {
     let (client, server) = t.pair();
     let (tx, _r) = client.split::<Record<'static>, ()>();
     let (_s, rx) = server.split::<(), Record<'static>>();
     let payload = vec![7u8; 3000];
-    // More messages than the window: guards must give their credit back.
+    assert!(matches!(rx.try_recv_with(|_| ()), Err(TypedRecvError::Recv(RecvError::Empty))));
+    assert!(matches!(
+        rx.recv_with_timeout(Duration::from_millis(20), |_| ()),
+        Err(TypedRecvError::Recv(RecvError::Timeout))
+    ));
+    // More messages than the window: guards and closures must give their
+    // credit back.
     for n in 0..(3 * u64::from(window)) {
         let key = format!("key-{n}");
         tx.send_borrowed(&Record { key: &key, value: &payload, n }).expect("send");
+        if n % 2 == 1 {
+            let got = rx
+                .recv_with_timeout(Duration::from_secs(10), |rec| {
+                    (rec.key.to_owned(), rec.n, rec.value == &payload[..])
+                })
+                .expect("recv_with");
+            assert_eq!(got, (key, n, true));
+            continue;
+        }
         let guard = rx.recv_ref_timeout(Duration::from_secs(10)).expect("recv_ref");
         let rec = guard.get();
         assert_eq!((rec.key, rec.n), (key.as_str(), n));
@@ -402,6 +419,21 @@ pub fn bad_message_is_typed_error(t: &Transport) {
         other => panic!("expected a decode error, got {other:?}"),
     }
     assert_eq!(rx.recv_timeout(Duration::from_secs(10)).expect("next message"), order(1, 8));
+    // The same through `recv_with`, whose closure sees only good messages.
+    let (client, server) = t.pair();
+    let mut buf = client.alloc(3).expect("alloc");
+    buf.copy_from_slice(&[0xff, 0xff, 0xff]);
+    client.send(buf).expect("send raw");
+    let (tx, _r) = client.split::<Record<'static>, ()>();
+    tx.send_borrowed(&Record { key: "k", value: b"v", n: 2 }).expect("send typed");
+    let (_s, rx) = server.split::<(), Record<'static>>();
+    let mut called = 0;
+    let got = rx.recv_with_timeout(Duration::from_secs(10), |_| called += 1);
+    assert!(matches!(got, Err(TypedRecvError::Decode(_))), "{got:?}");
+    assert_eq!(called, 0, "the closure is not called on a message that does not decode");
+    let next =
+        rx.recv_with_timeout(Duration::from_secs(10), |r| (r.key.to_owned(), r.n)).expect("next message");
+    assert_eq!(next, ("k".to_owned(), 2));
 }
 
 /// Oversized messages are refused before sending and handed back.

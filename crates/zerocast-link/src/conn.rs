@@ -91,6 +91,7 @@ impl<F: Flavor> zerocast_core::Connection for Connection<F> {
     type RxBuf = RecvBuf;
     type AllocError = PoolError;
 
+    #[inline(always)]
     fn alloc(&self, len: usize, deadline: Option<Instant>) -> Result<Buf, PoolError> {
         self.inner.link.alloc(len, deadline)
     }

@@ -66,6 +66,7 @@ impl Link {
     }
 
     /// A send buffer for `len` bytes from the connection's pool.
+    #[inline(always)]
     pub fn alloc(&self, len: usize, deadline: Option<Instant>) -> Result<Buf, PoolError> {
         if len > self.shared.max_message {
             return Err(PoolError::TooLarge { requested: len, max: self.shared.max_message });

@@ -248,16 +248,22 @@ impl DataPath {
         }
     }
 
-    /// Receive the next message and run `then` on it while it is still
-    /// held: its buffer goes back (an RDMA receive is posted again, and its
-    /// credit returns) only after `then`. A reply sent from `then` goes out
-    /// first, so giving the buffer back is not on the round trip: that
-    /// work is done while the reply travels. `None` once the peer closed
-    /// and every message before its goodbye was received.
+    /// Receive the next message and run `then` on it; `None` once the peer
+    /// closed and every message before its goodbye was received.
+    ///
+    /// With `hold`, the message is still held while `then` runs: its buffer
+    /// goes back (an RDMA receive is posted again, and its credit returns)
+    /// only after `then`. A reply sent from `then` goes out first, so giving
+    /// the buffer back is not on the round trip: that work is done while
+    /// the reply travels. Without it, a typed message is read where it
+    /// arrives ([`zerocast::Receiver::recv_with`]: no guard) and let go
+    /// before `then`, as a sink lets it go.
     pub(crate) async fn recv_then<R, T: Future<Output = anyhow::Result<R>>>(
         &self,
+        hold: bool,
         then: impl FnOnce(Got) -> T,
     ) -> anyhow::Result<Option<R>> {
+        let of_chunk = |c: &Chunk<'_>| Got { seq: c.seq & self.mask, len: c.data.len() };
         loop {
             let r = match &self.io {
                 Io::Raw(conn) => match if self.busy { conn.try_recv() } else { conn.recv() } {
@@ -272,24 +278,26 @@ impl DataPath {
                     }
                     Err(e) => e,
                 },
-                Io::Typed(_, rx) => {
+                Io::Typed(_, rx) if hold => {
                     match if self.busy { rx.recv_ref_timeout(Duration::ZERO) } else { rx.recv_ref() } {
-                        Ok(g) => {
-                            let got = Got { seq: g.get().seq & self.mask, len: g.get().data.len() };
-                            return then(got).await.map(Some);
-                        }
-                        Err(zerocast::TypedRecvError::Recv(e)) => e,
-                        Err(e) => return Err(anyhow!(e).context("a typed message did not decode")),
+                        Ok(g) => return then(of_chunk(g.get())).await.map(Some),
+                        Err(e) => typed_nothing(e)?,
+                    }
+                }
+                Io::Typed(_, rx) => {
+                    let r = if self.busy {
+                        rx.recv_with_timeout(Duration::ZERO, of_chunk)
+                    } else {
+                        rx.recv_with(of_chunk)
+                    };
+                    match r {
+                        Ok(got) => return then(got).await.map(Some),
+                        Err(e) => typed_nothing(e)?,
                     }
                 }
             };
-            match r {
-                // Back to back, with no `spin_loop` hint, as perftest polls:
-                // under TCG a PAUSE leaves the vCPU's translated code, about
-                // a microsecond on every half round trip.
-                RecvError::Empty | RecvError::Timeout => {}
-                RecvError::Disconnected => return Ok(None),
-                e => return Err(anyhow!(e).context("the data connection failed")),
+            if !again(r)? {
+                return Ok(None);
             }
         }
     }
@@ -307,7 +315,7 @@ impl DataPath {
         then: impl FnOnce(Got) -> T,
     ) -> anyhow::Result<Got> {
         let got = self
-            .recv_then(|got| async move {
+            .recv_then(true, |got| async move {
                 self.check(got, expect)?;
                 then(got).await?;
                 Ok(got)
@@ -360,6 +368,28 @@ impl Drop for DataPath {
         if let Io::Async(..) = self.io {
             self.close();
         }
+    }
+}
+
+/// A typed receive's error: the transport's, for [`again`], or a message
+/// that did not decode.
+fn typed_nothing(e: zerocast::TypedRecvError) -> anyhow::Result<RecvError> {
+    match e {
+        zerocast::TypedRecvError::Recv(e) => Ok(e),
+        e => Err(anyhow!(e).context("a typed message did not decode")),
+    }
+}
+
+/// What a receive that got no message says: poll again (`true`: nothing
+/// yet), the peer is done (`false`), or the connection failed.
+fn again(e: RecvError) -> anyhow::Result<bool> {
+    match e {
+        // Back to back, with no `spin_loop` hint, as perftest polls: under
+        // TCG a PAUSE leaves the vCPU's translated code, about a
+        // microsecond on every half round trip.
+        RecvError::Empty | RecvError::Timeout => Ok(true),
+        RecvError::Disconnected => Ok(false),
+        e => Err(anyhow!(e).context("the data connection failed")),
     }
 }
 

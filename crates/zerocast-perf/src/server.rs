@@ -123,7 +123,7 @@ fn sink(dp: &DataPath, warmup: u64) -> anyhow::Result<ServerReport> {
     dp.drive(async {
         let mut report = ServerReport { msgs: 0, bytes: 0, timed_ns: 0 };
         let mut first = None;
-        while let Some(got) = dp.recv_then(|got| async move { Ok(got) }).await? {
+        while let Some(got) = dp.recv_then(false, |got| async move { Ok(got) }).await? {
             dp.check(got, report.msgs)?;
             if report.msgs == warmup {
                 first = Some(Instant::now());
@@ -149,7 +149,7 @@ fn echo(dp: &DataPath) -> anyhow::Result<ServerReport> {
         loop {
             let seq = report.msgs;
             let got = dp
-                .recv_then(|got| async move {
+                .recv_then(true, |got| async move {
                     dp.check(got, seq)?;
                     dp.send_async(seq).await?;
                     Ok(got)

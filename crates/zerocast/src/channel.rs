@@ -491,6 +491,82 @@ where
         self.attach(self.try_recv_buf())
     }
 
+    /// Receive the next message and run `f` on it, borrowed from the
+    /// receive buffer, which is reposted once `f` returns; `f`'s result.
+    ///
+    /// [`Receiver::recv_ref`] for a message handled where it is received:
+    /// there is no guard to build, move or drop, so it costs little more
+    /// than a raw receive and the decode. A message that does not decode is
+    /// [`TypedRecvError::Decode`], and `f` is not called.
+    ///
+    /// ```no_run
+    /// use zerocast::yoke::Yokeable;
+    ///
+    /// #[derive(serde::Deserialize, Yokeable)]
+    /// struct Record<'a> {
+    ///     id: u64,
+    ///     #[serde(borrow)]
+    ///     name: &'a str,
+    /// }
+    ///
+    /// fn name_len(rx: &zerocast::Receiver<Record<'static>>) -> Result<usize, zerocast::TypedRecvError> {
+    ///     // `r.name` points into the receive buffer while the closure runs.
+    ///     rx.recv_with(|r| r.name.len())
+    /// }
+    /// ```
+    pub fn recv_with<R>(
+        &self,
+        f: impl for<'a> FnOnce(&<T as Yokeable<'a>>::Output) -> R,
+    ) -> Result<R, TypedRecvError> {
+        self.with(self.recv_buf(), f)
+    }
+
+    /// [`Receiver::recv_with`], waiting at most `timeout`.
+    pub fn recv_with_timeout<R>(
+        &self,
+        timeout: Duration,
+        f: impl for<'a> FnOnce(&<T as Yokeable<'a>>::Output) -> R,
+    ) -> Result<R, TypedRecvError> {
+        self.with(self.recv_buf_timeout(timeout), f)
+    }
+
+    /// [`Receiver::recv_with`] if a message is buffered.
+    pub fn try_recv_with<R>(
+        &self,
+        f: impl for<'a> FnOnce(&<T as Yokeable<'a>>::Output) -> R,
+    ) -> Result<R, TypedRecvError> {
+        self.with(self.try_recv_buf(), f)
+    }
+
+    /// [`Receiver::try_recv_with`] with `f` in a slot, taken only when a
+    /// message is there (for a task's polls, which may find none).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn try_recv_with_slot<R, F>(&self, f: &mut Option<F>) -> Result<R, TypedRecvError>
+    where
+        F: for<'a> FnOnce(&<T as Yokeable<'a>>::Output) -> R,
+    {
+        let Some(g) = f.take() else { return Err(TypedRecvError::Recv(RecvError::Empty)) };
+        match self.try_recv_buf() {
+            Ok(buf) => self.with(Ok(buf), g),
+            Err(e) => {
+                *f = Some(g);
+                Err(e)
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn with<R>(
+        &self,
+        r: Result<RecvBuf, TypedRecvError>,
+        f: impl for<'a> FnOnce(&<T as Yokeable<'a>>::Output) -> R,
+    ) -> Result<R, TypedRecvError> {
+        let buf = r?;
+        let msg: <T as Yokeable<'_>>::Output =
+            self.side.codec.decode_limited(&buf, self.side.limit).map_err(decode_error::<T>)?;
+        Ok(f(&msg))
+    }
+
     #[inline(always)]
     fn attach(&self, r: Result<RecvBuf, TypedRecvError>) -> Result<Guard<T>, TypedRecvError> {
         let (buf, token) = r?.into_parts();

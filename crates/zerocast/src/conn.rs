@@ -185,6 +185,7 @@ impl Connection {
     }
 
     /// A send buffer of `len` bytes, waiting while the pool is at its cap.
+    #[inline(always)]
     pub fn alloc(&self, len: usize) -> Result<Buf, PoolError> {
         each!(&self.flavor, c => c.alloc(len, None))
     }

@@ -31,8 +31,8 @@
 //!
 //! - typed channels, [`Sender`] and [`Receiver`], that serialize straight
 //!   into pooled buffers through a swappable [`Codec`], and a borrowing
-//!   receive ([`Receiver::recv_ref`]) whose `&str`/`&[u8]` fields point into
-//!   the receive buffer;
+//!   receive ([`Receiver::recv_ref`], or [`Receiver::recv_with`] with a
+//!   closure) whose `&str`/`&[u8]` fields point into the receive buffer;
 //! - the raw API, [`Connection`]: take a buffer, write in place, send it;
 //!   receive the buffer itself;
 //! - readiness, [`Poller`]: a few threads serve thousands of connections,

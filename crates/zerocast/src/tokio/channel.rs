@@ -255,6 +255,27 @@ where
     pub fn try_recv_ref(&self) -> Result<Guard<T>, TypedRecvError> {
         self.inner.try_recv_ref()
     }
+
+    /// Receive the next message and run `f` on it, borrowed from the
+    /// receive buffer, which is reposted once `f` returns (see
+    /// [`crate::Receiver::recv_with`]). Cancel-safe: `f` runs in the poll
+    /// that takes the message, and a message is taken only by that poll.
+    pub async fn recv_with<R>(
+        &self,
+        f: impl for<'a> FnOnce(&<T as Yokeable<'a>>::Output) -> R,
+    ) -> Result<R, TypedRecvError> {
+        let link = self.inner.connection().link();
+        let mut f = Some(f);
+        poll_fn(|cx| self.reading.poll(link, cx, || self.inner.try_recv_with_slot(&mut f))).await
+    }
+
+    /// [`Receiver::recv_with`] if a message is buffered.
+    pub fn try_recv_with<R>(
+        &self,
+        f: impl for<'a> FnOnce(&<T as Yokeable<'a>>::Output) -> R,
+    ) -> Result<R, TypedRecvError> {
+        self.inner.try_recv_with(f)
+    }
 }
 
 impl<T: DeserializeOwned, C: Codec> futures_core::Stream for Receiver<T, C> {

@@ -45,7 +45,7 @@ pub use blob::{Blob, TypedBytesPipe};
 pub use msg::{Bytes, Small, SmallBytes, SmallRef};
 pub use pingpong::{round_trips, PingPong, RawPing, ZcPing};
 pub use raw::{read_frame, socket_pair, Baseline, FrameWriter, RawPipe, WRITE_BATCH};
-pub use thr::thr_args;
+pub use thr::{local_thr, thr_main, ThrError};
 pub use udp::{UdpPipe, UDP_WINDOW};
 pub use zc::{bench_link, zc_pair, zc_pair_with, TypedPipe, ZcPipe};
 #[cfg(feature = "zeromq")]

@@ -8,21 +8,13 @@
 use std::net::{Shutdown, TcpStream};
 use std::process::ExitCode;
 
-use zerocast_benches::FrameWriter;
+use zerocast_benches::{thr_main, FrameWriter};
 
 fn main() -> ExitCode {
-    let (connect, size, count) = zerocast_benches::thr_args("raw_remote_thr", "CONNECT-TO");
-    let run = || -> std::io::Result<()> {
-        let s = TcpStream::connect(&connect)?;
+    thr_main("raw_remote_thr", "CONNECT-TO", |connect, size, count| {
+        let s = TcpStream::connect(connect)?;
         s.set_nodelay(true)?;
         FrameWriter::batched(size).send(&s, count)?;
-        s.shutdown(Shutdown::Write)
-    };
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("raw_remote_thr: {e}");
-            ExitCode::FAILURE
-        }
-    }
+        Ok(s.shutdown(Shutdown::Write)?)
+    })
 }

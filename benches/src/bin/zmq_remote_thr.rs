@@ -9,21 +9,13 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let (connect, size, count) = zerocast_benches::thr_args("zmq_remote_thr", "CONNECT-TO");
-    let run = || -> Result<(), zmq::Error> {
+    zerocast_benches::thr_main("zmq_remote_thr", "CONNECT-TO", |connect, size, count| {
         let ctx = zmq::Context::new();
         let s = ctx.socket(zmq::PUSH)?;
-        s.connect(&connect)?;
+        s.connect(connect)?;
         for _ in 0..count {
             s.send(zmq::Message::with_size(size), 0)?;
         }
         Ok(())
-    };
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("zmq_remote_thr: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    })
 }

@@ -76,6 +76,8 @@ struct Opts {
     #[arg(short, long)]
     all: bool,
     /// Send and receive typed messages (a typed Sender and Receiver of a byte chunk) instead of raw buffers.
+    /// The bw server lends each message to a closure (`Receiver::recv_with`); the echo server holds it
+    /// while the reply goes out (`Receiver::recv_ref`).
     #[arg(long)]
     typed: bool,
     /// Messages in flight: the receive window (credits). Capped so that at

@@ -3,22 +3,24 @@
 //!
 //! A thread that allocates or releases buffers of a class keeps up to
 //! [`CACHE`] free ones of its own (fewer for big buffers, see [`capacity`]),
-//! LIFO, and moves half of them at a time to or from the class's depot. The hot path then touches only the thread's own
-//! cache (an uncontended lock on a line no other thread writes), instead of
-//! the shared list's head and counters, which every thread would otherwise
-//! bounce between cores for every message.
+//! LIFO, and moves half of them at a time to or from the class's depot. The
+//! hot path then touches only the thread's own cache, with no locked
+//! instruction (see [`Shard`]), instead of the shared list's head and
+//! counters, which every thread would otherwise bounce between cores for
+//! every message.
 //!
 //! Buffers in a cache are free, and must not be lost to a thread that waits
 //! at the pool's cap: such a waiter empties every cache of its class into
 //! the shared list before it sleeps ([`SizeClass::drain_caches`]), and a
 //! release that finds a waiter moves its own cache to the shared list and
-//! wakes it. Both sides meet under the cache's lock, so one of them always
-//! sees the other. A thread that exits gives its caches back; classes with
+//! wakes it. Both sides meet inside the cache, which excludes them from
+//! each other, so one of them always sees the other. A thread that exits gives its caches back; classes with
 //! fewer than [`MIN_CACHED`] buffers are not cached at all.
 
 use std::cell::RefCell;
+use std::cell::UnsafeCell;
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use crate::class::{Entry, SizeClass};
@@ -39,47 +41,147 @@ pub(crate) fn capacity(size: usize) -> usize {
 pub(crate) const MIN_CACHED: usize = 1024;
 
 /// One thread's cache for one class.
+///
+/// Its owner enters it with no locked instruction ([`Shard::owned`]);
+/// another thread ([`Shard::visit`]) raises `visit`, puts a heavy barrier
+/// on every thread ([`crate::barrier::heavy`]), and waits for `busy` to
+/// drop before it goes in. The owner raises `busy`, puts a light barrier,
+/// and goes in only if `visit` is down; otherwise it drops `busy` and
+/// takes `gate`, which a visitor holds for its whole visit. Dekker's
+/// pattern: the two barriers make it impossible for each side to miss the
+/// other's flag, so at most one side is inside at a time.
 #[derive(Debug)]
 pub(crate) struct Shard {
-    state: Mutex<ShardState>,
+    /// The owner is inside (stored by the owner's thread only).
+    busy: AtomicBool,
+    /// A visitor wants in, or is in: the owner goes through `gate`.
+    visit: AtomicBool,
+    /// Held by a visitor for its whole visit, and by an owner that found
+    /// `visit` raised.
+    gate: Mutex<()>,
+    state: UnsafeCell<ShardState>,
+    /// Buffers taken through this cache minus buffers released into it:
+    /// its share of the class's buffers in use. Written by the owner's
+    /// thread only (a load and a store, no locked instruction), read by
+    /// anyone for stats.
+    net_taken: AtomicI64,
 }
+
+// SAFETY: `state` is reached only inside `Shard::owned` (on the owner's
+// thread, with `busy` raised and `visit` seen down, or with `gate` held)
+// and inside `Shard::visit` (with `gate` held, `visit` raised and `busy`
+// seen down after a heavy barrier); the module docs and `Shard`'s say why
+// those exclude each other. `ShardState` is `Send`.
+unsafe impl Sync for Shard {}
 
 #[derive(Debug)]
 pub(crate) struct ShardState {
     /// Free-list entries, most recently released last.
     entries: Vec<Entry>,
-    /// Buffers taken through this cache minus buffers released into it:
-    /// its share of the class's buffers in use.
-    pub(crate) net_taken: i64,
     /// References of the pool this cache holds for buffers it will hand
     /// out (see [`crate::refs`]).
     credit: usize,
 }
 
-fn lock(s: &Shard) -> MutexGuard<'_, ShardState> {
-    s.state.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock_gate(s: &Shard) -> MutexGuard<'_, ()> {
+    s.gate.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Shard {
     fn new() -> Self {
-        Self { state: Mutex::new(ShardState { entries: Vec::with_capacity(CACHE), net_taken: 0, credit: 0 }) }
+        crate::barrier::init();
+        Self {
+            busy: AtomicBool::new(false),
+            visit: AtomicBool::new(false),
+            gate: Mutex::new(()),
+            state: UnsafeCell::new(ShardState { entries: Vec::with_capacity(CACHE), credit: 0 }),
+            net_taken: AtomicI64::new(0),
+        }
+    }
+
+    /// Run `f` on the cache, from its owner's thread (and only from
+    /// there: [`with_cache`] is the one caller). `f` must not enter this
+    /// shard again.
+    #[inline(always)]
+    fn owned<R>(&self, f: impl FnOnce(&mut ShardState) -> R) -> R {
+        self.busy.store(true, Ordering::Relaxed);
+        crate::barrier::light();
+        if self.visit.load(Ordering::Acquire) {
+            return self.owned_through_gate(f);
+        }
+        // SAFETY: on the owner's thread, so no other `owned` runs; `busy`
+        // was raised and, after the light barrier, `visit` was down, so a
+        // visitor that comes now sees `busy` and waits for it to drop
+        // (`Shard`'s docs), and one that left dropped `visit` with release
+        // ordering, which the acquire load saw.
+        let r = f(unsafe { &mut *self.state.get() });
+        self.busy.store(false, Ordering::Release);
+        r
+    }
+
+    /// [`Shard::owned`] while a visitor wants in: wait for it behind the gate.
+    #[cold]
+    #[inline(never)]
+    fn owned_through_gate<R>(&self, f: impl FnOnce(&mut ShardState) -> R) -> R {
+        self.busy.store(false, Ordering::Release);
+        let _gate = lock_gate(self);
+        // SAFETY: on the owner's thread, so no other `owned` runs, and the
+        // gate keeps visitors out until it is dropped; the visitor before
+        // released the gate, which this lock acquired.
+        f(unsafe { &mut *self.state.get() })
+    }
+
+    /// Run `f` on the cache from any thread (its owner's too, when not
+    /// inside [`Shard::owned`]): empty it, or take its credit. Costs a
+    /// heavy barrier: for cold paths only.
+    fn visit<R>(&self, f: impl FnOnce(&mut ShardState) -> R) -> R {
+        let _gate = lock_gate(self);
+        self.visit.store(true, Ordering::Relaxed);
+        crate::barrier::heavy();
+        let mut spins = 0u32;
+        while self.busy.load(Ordering::Acquire) {
+            // The owner's sections are short; it may have been switched out
+            // inside one.
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        // SAFETY: the gate excludes other visitors and an owner that saw
+        // `visit`; after the heavy barrier `busy` was seen down, so the
+        // owner is outside and will see `visit` when it comes back (and
+        // take the gate); its last section's writes were released by the
+        // store that dropped `busy`, which the acquire load saw.
+        let r = f(unsafe { &mut *self.state.get() });
+        self.visit.store(false, Ordering::Release);
+        r
+    }
+
+    /// Count buffers taken (`d > 0`) or released (`d < 0`) through this
+    /// cache: the owner's thread only.
+    #[inline(always)]
+    fn count(&self, d: i64) {
+        self.net_taken.store(self.net_taken.load(Ordering::Relaxed) + d, Ordering::Relaxed);
     }
 
     /// Take this cache's reference credit (the pool is being orphaned).
     pub(crate) fn take_credit(&self) -> usize {
-        std::mem::take(&mut lock(self).credit)
+        self.visit(|st| std::mem::take(&mut st.credit))
     }
 
     /// Move every cached entry to `class`'s shared list.
     pub(crate) fn drain_into(&self, class: &SizeClass) {
-        let mut st = lock(self);
-        for i in st.entries.drain(..) {
-            class.push_free(i);
-        }
+        self.visit(|st| {
+            for i in st.entries.drain(..) {
+                class.push_free(i);
+            }
+        })
     }
 
     pub(crate) fn net_taken(&self) -> i64 {
-        lock(self).net_taken
+        self.net_taken.load(Ordering::Relaxed)
     }
 }
 
@@ -97,13 +199,14 @@ impl Drop for Local {
         // the references. A pool that is gone had no references left.
         if let Some(pool) = self.pool.upgrade() {
             let class = &pool.classes[self.class];
-            self.shard.drain_into(class);
-            let credit = {
-                let mut st = lock(&self.shard);
-                class.retire(st.net_taken);
-                st.net_taken = 0;
+            // On the owner's thread, outside `owned`: one visit.
+            let credit = self.shard.visit(|st| {
+                for i in st.entries.drain(..) {
+                    class.push_free(i);
+                }
                 std::mem::take(&mut st.credit)
-            };
+            });
+            class.retire(self.shard.net_taken.swap(0, Ordering::Relaxed));
             // SAFETY: this cache held `credit` references, given up here;
             // the upgraded `Arc` keeps the pool alive to the end of `drop`.
             unsafe { crate::refs::release(NonNull::from(&*pool), credit) };
@@ -120,7 +223,7 @@ thread_local! {
 fn with_cache<R>(
     pool: &PoolInner,
     idx: usize,
-    f: impl FnOnce(&mut ShardState, &SizeClass) -> R,
+    f: impl FnOnce(&mut ShardState, &Shard, &SizeClass) -> R,
 ) -> Option<R> {
     let class = &pool.classes[idx];
     if !class.cached {
@@ -140,8 +243,8 @@ fn with_cache<R>(
                     locals.len() - 1
                 }
             };
-            let mut st = lock(&locals[pos].shard);
-            Some(f(&mut st, class))
+            let shard = &locals[pos].shard;
+            Some(shard.owned(|st| f(st, shard, class)))
         })
         .ok()
         .flatten()
@@ -152,7 +255,7 @@ fn with_cache<R>(
 /// taken too: from the cache's credit, refilled [`BATCH`] at a time (see
 /// [`crate::refs`]), or from the pool's count when there is no cache.
 pub(crate) fn take(pool: &PoolInner, idx: usize) -> Option<Entry> {
-    let cached = with_cache(pool, idx, |st, class| {
+    let cached = with_cache(pool, idx, |st, shard, class| {
         let half = class.cache_cap / 2;
         if st.entries.is_empty() && class.depot_take(&mut st.entries, half) == 0 {
             while st.entries.len() < half {
@@ -163,7 +266,7 @@ pub(crate) fn take(pool: &PoolInner, idx: usize) -> Option<Entry> {
             }
         }
         let e = st.entries.pop()?;
-        st.net_taken += 1;
+        shard.count(1);
         if st.credit == 0 {
             pool.refs.acquire(BATCH);
             st.credit = BATCH;
@@ -191,7 +294,7 @@ pub(crate) unsafe fn put(pool: NonNull<PoolInner>, idx: usize, entry: Entry) {
     // `inner` is not used after it.
     let inner = unsafe { pool.as_ref() };
     let class = &inner.classes[idx];
-    let cached = with_cache(inner, idx, |st, class| {
+    let cached = with_cache(inner, idx, |st, shard, class| {
         let cap = class.cache_cap;
         if st.entries.len() >= cap {
             // The oldest half goes; the warmest stay.
@@ -199,8 +302,8 @@ pub(crate) unsafe fn put(pool: NonNull<PoolInner>, idx: usize, entry: Entry) {
             st.entries.drain(..cap / 2);
         }
         st.entries.push(entry);
-        st.net_taken -= 1;
-        // Read under this cache's lock: see `refs::orphan`.
+        shard.count(-1);
+        // Read inside the cache: see `refs::orphan`.
         let give_back = if inner.refs.orphaned() {
             1
         } else if st.credit >= 2 * BATCH {
@@ -210,9 +313,9 @@ pub(crate) unsafe fn put(pool: NonNull<PoolInner>, idx: usize, entry: Entry) {
             st.credit += 1;
             0
         };
-        // Read after this cache's lock was taken: a waiter that emptied
-        // the cache before is seen here; one that comes later sees the
-        // entry in the cache.
+        // Read inside the cache: a waiter that emptied it before (it counts
+        // itself in `waiters` first) is seen here; one that comes later
+        // sees the entry in the cache.
         let woke = if class.waiters.load(Ordering::Acquire) > 0 {
             for i in st.entries.drain(..) {
                 class.push_free(i);
@@ -243,7 +346,7 @@ pub(crate) unsafe fn put(pool: NonNull<PoolInner>, idx: usize, entry: Entry) {
 /// that its first buffers later do not allocate.
 pub(crate) fn prepare(pool: &PoolInner) {
     for idx in 0..pool.classes.len() {
-        with_cache(pool, idx, |_, _| ());
+        with_cache(pool, idx, |_, _, _| ());
     }
 }
 

@@ -60,6 +60,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks, missing_docs)]
 
+mod barrier;
 mod buf;
 mod cache;
 mod class;

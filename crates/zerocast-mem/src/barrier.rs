@@ -164,10 +164,8 @@ mod tests {
                     } else {
                         heavy();
                     }
-                    if !flags[1 - me].load(Ordering::Relaxed) {
-                        if inside.fetch_add(1, Ordering::Relaxed) == 1 {
-                            both.fetch_add(1, Ordering::Relaxed);
-                        }
+                    if !flags[1 - me].load(Ordering::Relaxed) && inside.fetch_add(1, Ordering::Relaxed) == 1 {
+                        both.fetch_add(1, Ordering::Relaxed);
                     }
                     start.wait();
                     flags[me].store(false, Ordering::Relaxed);

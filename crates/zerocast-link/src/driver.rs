@@ -270,9 +270,39 @@ impl Driver {
         imm: Option<u32>,
     ) -> Result<(), ConnError> {
         let mut st = self.shared.lock();
+        self.note_rx(&mut st);
+        match self.accept(&mut st, arrived, payload, imm) {
+            Ok(credited) => {
+                self.settle(st, credited);
+                Ok(())
+            }
+            Err(e) => {
+                drop(st);
+                Err(self.fail(e))
+            }
+        }
+    }
+
+    /// Something came from the peer: its silence counts from now.
+    #[inline(always)]
+    pub(crate) fn note_rx(&self, st: &mut State) {
         if self.shared.heartbeat.is_some() {
             st.last_rx = Instant::now();
         }
+    }
+
+    /// One arrived frame, with the state locked: its credits, its
+    /// sequence number, its delivery. `Ok(true)` if it returned credits.
+    /// An error is the peer's breach, to fail the connection with once
+    /// the lock is let go.
+    #[inline(always)]
+    pub(crate) fn accept(
+        &self,
+        st: &mut State,
+        arrived: Arrived,
+        payload: Option<Buf>,
+        imm: Option<u32>,
+    ) -> Result<bool, ConnError> {
         let header = match arrived {
             Arrived::Header(h) => h,
             Arrived::Next { credits, seq_low } => {
@@ -284,18 +314,14 @@ impl Driver {
                 Header::new(FrameKind::Data, credits, seq, len)
             }
         };
-        if let Err(e) = st.credits.on_receive(&header) {
-            drop(st);
-            return Err(self.fail(e.into()));
-        }
+        st.credits.on_receive(&header)?;
         if header.credits > 0 {
-            self.shared.wake_credit_waiters(&mut st);
+            self.shared.wake_credit_waiters(st);
         }
         match header.kind {
             FrameKind::Data => {
                 let Some(buf) = payload else {
-                    drop(st);
-                    return Err(self.fail(ConnError::Unsupported("payload-less data")));
+                    return Err(ConnError::Unsupported("payload-less data"));
                 };
                 if st.receiver_gone {
                     let _ = st.credits.release_many(self.shared.cost_of(buf.len()));
@@ -305,34 +331,37 @@ impl Driver {
                 } else if self.shared.push_delivery(Delivery::Msg(buf, imm)).is_err() {
                     // Credits make this impossible; a full queue means
                     // the peer overran its window.
-                    drop(st);
-                    let window = self.shared.lock().credits.window();
-                    return Err(self.fail(zerocast_core::CreditError::Overrun { window }.into()));
+                    let window = st.credits.window();
+                    return Err(zerocast_core::CreditError::Overrun { window }.into());
                 }
             }
             FrameKind::Credit => {}
             FrameKind::Control => {
                 st.peer_closed = true;
-                self.shared.end(&mut st);
+                self.shared.end(st);
             }
-            FrameKind::Rendezvous => {
-                drop(st);
-                return Err(self.fail(ConnError::Unsupported("rendezvous")));
-            }
+            FrameKind::Rendezvous => return Err(ConnError::Unsupported("rendezvous")),
         }
+        Ok(header.credits > 0)
+    }
+
+    /// After one or more [`Driver::accept`]s: fold in the releases made
+    /// meanwhile, ask for a credit frame (or a goodbye that waited for
+    /// credit, if `credited`) when one is due, let go of the lock, and wake
+    /// the writer if it has work. The writer is woken once the lock is let
+    /// go: a wake from a receiving thread is a system call, and the writer
+    /// takes the lock to stamp the credit frame.
+    #[inline(always)]
+    pub(crate) fn settle(&self, mut st: std::sync::MutexGuard<'_, State>, credited: bool) {
         let mut kick = self.shared.fold_releases_here(&mut st);
         let goodbye_due = st.local_closed && !st.goodbye_sent;
-        if st.credits.wants_credit_frame() || (goodbye_due && header.credits > 0) {
+        if st.credits.wants_credit_frame() || (goodbye_due && credited) {
             kick |= self.shared.queue_writer_wake(&mut st);
         }
-        // The writer is woken once the lock is let go: a wake from a
-        // receiving thread is a system call, and the writer takes the lock
-        // to stamp the credit frame.
         drop(st);
         if kick {
             self.shared.kick();
         }
-        Ok(())
     }
 
     /// A released receive buffer was reposted (backends created with
@@ -414,7 +443,7 @@ impl Driver {
 }
 
 /// How a frame's header reached [`Driver::on_frame_inner`].
-enum Arrived {
+pub(crate) enum Arrived {
     /// Whole, from the wire.
     Header(Header),
     /// Not on the wire: a data frame taking the next sequence number

@@ -69,6 +69,9 @@ mod conn;
 mod direct_tests;
 mod driver;
 pub mod engine;
+mod frame_batch;
+#[cfg(test)]
+mod frame_batch_tests;
 mod handoff;
 mod interrupt;
 #[cfg(test)]
@@ -95,6 +98,7 @@ mod wire;
 pub use completion::{completion, Complete, Completion};
 pub use conn::{Connection, Flavor};
 pub use driver::{Driver, Frame};
+pub use frame_batch::FrameBatch;
 pub use interrupt::Interrupt;
 pub use link::{Link, LinkStats};
 pub use listener::{chain as error_chain, Backlog, CloseSignal, ListenerCounters};

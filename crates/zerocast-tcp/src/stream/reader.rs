@@ -259,6 +259,13 @@ impl Source for Reader {
                 }
                 self.drained = false;
             }
+            let before = frames;
+            match self.whole_frames(driver, &mut frames) {
+                Ok(true) => return Pumped::Frames,
+                Ok(false) if frames > before => continue,
+                Ok(false) => {}
+                Err(stop) => return self.stop(driver, stop),
+            }
             // Once frames are out, wait for nothing more, a pool buffer
             // included: the buffers it would wait for may be the very
             // messages this pump just queued, which its caller must take.
@@ -432,6 +439,41 @@ impl Reader {
         }
         let Some(p) = self.pending.take() else { return Err(Stop::Idle) };
         self.finish(driver, until, p)
+    }
+
+    /// Every data frame already whole in staging, up to the end of the
+    /// pump's batch, handed over under one lock of the connection's state
+    /// ([`zerocast_link::FrameBatch`]); `frames` counts them. `Ok(true)`
+    /// when the batch is done. It stops, with the lock let go, at a frame
+    /// that is not whole, is not data, or has no pool buffer now: the
+    /// general path ([`Reader::frame`]) takes that one.
+    #[inline(always)]
+    fn whole_frames(&mut self, driver: &Driver, frames: &mut usize) -> Result<bool, Stop> {
+        if self.pending.is_some() {
+            return Ok(false);
+        }
+        let mut batch = driver.batch();
+        while self.end - self.start >= HEADER_LEN {
+            let at = self.start;
+            let header = Header::decode(&self.staging[at..at + HEADER_LEN], driver.max_payload())
+                .map_err(|e| Stop::Failed(e.into()))?;
+            let len = header.len as usize;
+            if header.kind != FrameKind::Data || self.end - at - HEADER_LEN < len {
+                break;
+            }
+            let Ok(mut buf) = driver.pool().alloc(len, Wait::No) else { break };
+            buf.copy_from_slice(&self.staging[at + HEADER_LEN..at + HEADER_LEN + len]);
+            self.start = at + HEADER_LEN + len;
+            self.pump_bytes += HEADER_LEN + len;
+            batch.on_data(header, buf).map_err(Stop::Failed)?;
+            *frames += 1;
+            // As in `pump`: a receiving thread's batch ends at a ring.
+            let small = self.pump_bytes <= STAGING;
+            if (self.drained || small) && driver.batch_done(*frames) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// The payload of `header`'s data frame, if all of it is in staging and

@@ -434,6 +434,63 @@ pub(crate) mod tests {
         assert_eq!((s.buffers_in_use, s.buffers_free, s.buffers_total), (0, 1024, 1024));
     }
 
+    /// An owner that takes and gives back buffers through its cache while
+    /// another thread keeps emptying the caches (it allocates at the cap):
+    /// no buffer is ever held by both (each holder stamps what it holds
+    /// and checks the stamp before it lets go), and none is lost.
+    #[test]
+    fn an_owner_and_a_visitor_never_share_a_buffer() {
+        let p = pool();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stamped = |b: &mut Buf, mark: u8| {
+            b.fill(mark);
+        };
+        let owner = {
+            let (p, stop) = (p.clone(), stop.clone());
+            thread::spawn(move || {
+                let mut rounds = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) || rounds < 2_000 {
+                    let mark = 1 + (rounds % 100) as u8;
+                    let mut held: Vec<Buf> = Vec::new();
+                    for _ in 0..8 {
+                        if let Ok(mut b) = p.alloc(64, Wait::For(Duration::from_secs(5))) {
+                            stamped(&mut b, mark);
+                            held.push(b);
+                        }
+                    }
+                    for b in &held {
+                        assert!(
+                            b.iter().all(|&x| x == mark),
+                            "a buffer the owner holds was written by another"
+                        );
+                    }
+                    rounds += 1;
+                }
+                rounds
+            })
+        };
+        let t0 = Instant::now();
+        let mut visits = 0;
+        while t0.elapsed() < Duration::from_millis(500) {
+            // Everything there is, down to the cap: empties the owner's cache.
+            let mut all = Vec::new();
+            while let Ok(mut b) = p.alloc(64, Wait::No) {
+                stamped(&mut b, 200);
+                all.push(b);
+            }
+            thread::yield_now();
+            for b in &all {
+                assert!(b.iter().all(|&x| x == 200), "a buffer the visitor holds was written by another");
+            }
+            visits += 1;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let rounds = owner.join().unwrap();
+        assert!(rounds >= 2_000 && visits > 10, "rounds {rounds}, visits {visits}");
+        let s = p.stats();
+        assert_eq!((s.buffers_in_use, s.buffers_total), (0, 1024), "{s:?}");
+    }
+
     #[test]
     fn the_most_recently_released_buffer_comes_back_first() {
         let p = pool();

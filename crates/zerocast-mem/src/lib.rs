@@ -17,7 +17,8 @@
 //! # Cost
 //!
 //! Once a class has its regions, `alloc` and dropping a `Buf` never touch the
-//! heap and, in the common case, touch no memory another thread writes: each
+//! heap and, in the common case, touch no memory another thread writes and
+//! execute no locked instruction: each
 //! thread keeps a small LIFO cache of free buffers per class, and moves them
 //! to and from the class's depot (a LIFO stack under a mutex) a batch at a
 //! time. The buffer handed out is the one released most recently, still
@@ -29,7 +30,10 @@
 //! threads. Growth (map, prefault, register) happens under a
 //! per-class mutex; waiting at the cap uses a per-class mutex and condvar,
 //! and a waiter first empties every thread's cache of its class, so no free
-//! buffer hides from it. Classes of fewer than 1,024 buffers are not cached.
+//! buffer hides from it. Emptying another thread's cache costs a
+//! `membarrier(2)` system call (the other half of the cache's protocol,
+//! which spares its owner every lock and fence), paid only on those cold
+//! paths. Classes of fewer than 1,024 buffers are not cached.
 //!
 //! # What it does not do
 //!

@@ -397,6 +397,29 @@ pub fn borrowed_receive(t: &Transport, window: u32) {
         assert!(range.contains(&rec.value.as_ptr()), "value is borrowed from the receive buffer");
     }
     drop((tx, rx));
+    // Raw buffers lent to a closure: each gives its credit back when the
+    // closure returns, or unwinds.
+    let (client, server) = t.pair();
+    assert!(matches!(server.try_recv_with(|_| ()), Err(RecvError::Empty)));
+    assert!(matches!(server.recv_with_timeout(Duration::from_millis(20), |_| ()), Err(RecvError::Timeout)));
+    for n in 0..(3 * u64::from(window)) {
+        let mut buf = client.alloc(3000).expect("alloc");
+        buf[..8].copy_from_slice(&n.to_le_bytes());
+        client.send(buf).expect("send raw");
+        let got = if n == 5 {
+            let lent = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                server.recv_with_timeout(Duration::from_secs(10), |_| panic!("a closure that unwinds"))
+            }));
+            assert!(lent.is_err(), "the closure's panic reaches the caller");
+            continue;
+        } else {
+            server.recv_with_timeout(Duration::from_secs(10), |m| {
+                (m.len(), u64::from_le_bytes(m[..8].try_into().unwrap()))
+            })
+        };
+        assert_eq!(got.expect("recv_with"), (3000, n));
+    }
+    drop((client, server));
     t.assert_pool_drained(Duration::from_secs(10));
 }
 

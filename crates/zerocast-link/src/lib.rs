@@ -74,6 +74,7 @@ mod frame_batch;
 mod frame_batch_tests;
 mod handoff;
 mod interrupt;
+mod lend;
 #[cfg(test)]
 mod linger_tests;
 mod link;

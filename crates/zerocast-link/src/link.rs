@@ -9,6 +9,7 @@ use zerocast_core::{ConnError, Endpoint, RecvError, SendError};
 use zerocast_mem::{Buf, Pool, PoolError, Wait};
 
 use crate::handoff::Handoff;
+pub(crate) use crate::lend::Taken;
 use crate::queue::PushError;
 use crate::ready::{Notify, Readiness};
 use crate::recv::RecvBuf;
@@ -23,7 +24,7 @@ use crate::Driver;
 /// facade's `Sender` does so on drop) and [`Link::close_receiver`].
 #[derive(Debug, Clone)]
 pub struct Link {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     /// For reading the backend's [`crate::Source`] on the calling thread.
     reader: Driver,
 }
@@ -322,6 +323,12 @@ impl Link {
     /// connection broke).
     #[inline]
     pub fn recv(&self, deadline: Option<Instant>) -> Result<RecvBuf, RecvError> {
+        self.take(deadline).map(|t| self.handle(t))
+    }
+
+    /// [`Link::recv`] up to the handle: the message's buffer and immediate.
+    #[inline(always)]
+    pub(crate) fn take(&self, deadline: Option<Instant>) -> Result<Taken, RecvError> {
         // A message the last pump delivered (most of a stream's) is taken
         // here, inlined into the caller, which builds its handle in place.
         match self.shared.delivered.try_pop() {
@@ -331,7 +338,7 @@ impl Link {
     }
 
     /// [`Link::recv`] with nothing delivered yet.
-    fn recv_waiting(&self, deadline: Option<Instant>) -> Result<RecvBuf, RecvError> {
+    fn recv_waiting(&self, deadline: Option<Instant>) -> Result<Taken, RecvError> {
         // A connection registered for readiness is read by its engine,
         // unless the registration reads directly.
         if self.shared.source.0.get().is_some() && self.shared.ready.0.get().is_none_or(Readiness::direct) {
@@ -353,7 +360,7 @@ impl Link {
     /// Receive by reading the backend's source on this thread (see
     /// [`crate::Source`]). `None`: another thread is reading it; wait for
     /// its deliveries instead.
-    fn recv_reading(&self, deadline: Option<Instant>) -> Option<Result<RecvBuf, RecvError>> {
+    fn recv_reading(&self, deadline: Option<Instant>) -> Option<Result<Taken, RecvError>> {
         self.shared.claim();
         let mut busy = 0;
         loop {
@@ -404,7 +411,7 @@ impl Link {
     /// holds (see [`Shared::claim`]): when the other thread stops reading,
     /// the engine reads on.
     #[cold]
-    fn recv_behind_another(&self, deadline: Option<Instant>) -> Result<RecvBuf, RecvError> {
+    fn recv_behind_another(&self, deadline: Option<Instant>) -> Result<Taken, RecvError> {
         self.shared.queue_waiters.fetch_add(1, Ordering::SeqCst);
         self.shared.unclaim();
         self.shared.fold_pending();
@@ -421,6 +428,12 @@ impl Link {
     /// (see [`crate::Source`]): a loop of `try_recv` busy-polls the socket
     /// or CQ on the calling thread.
     pub fn try_recv(&self) -> Result<RecvBuf, RecvError> {
+        self.try_take().map(|t| self.handle(t))
+    }
+
+    /// [`Link::try_recv`] up to the handle.
+    #[inline(always)]
+    pub(crate) fn try_take(&self) -> Result<Taken, RecvError> {
         if !self.shared.delivered.is_empty() {
             if let Some(d) = self.shared.delivered.try_pop() {
                 return self.deliver(d);
@@ -452,7 +465,7 @@ impl Link {
     /// reads directly pumps the source first if its descriptor was seen
     /// readable ([`Link::source_readable`]). Not cold: every async
     /// receive comes here.
-    fn try_recv_ready(&self, ready: &Readiness) -> Result<RecvBuf, RecvError> {
+    fn try_recv_ready(&self, ready: &Readiness) -> Result<Taken, RecvError> {
         if ready.direct() && self.shared.source_hint.load(Ordering::Relaxed) {
             if let Some(d) = self.pump_directly() {
                 return self.deliver(d);
@@ -645,11 +658,17 @@ impl Link {
     }
 
     #[inline(always)]
-    fn deliver(&self, d: Delivery) -> Result<RecvBuf, RecvError> {
+    fn deliver(&self, d: Delivery) -> Result<Taken, RecvError> {
         match d {
-            Delivery::Msg(buf, imm) => Ok(RecvBuf::with_immediate(buf, self.shared.clone(), imm)),
+            Delivery::Msg(buf, imm) => Ok((buf, imm)),
             Delivery::End => Err(self.ended()),
         }
+    }
+
+    /// The handle of a message taken: it holds the connection.
+    #[inline(always)]
+    fn handle(&self, (buf, imm): Taken) -> RecvBuf {
+        RecvBuf::with_immediate(buf, self.shared.clone(), imm)
     }
 
     /// `End` was taken: put it back for any other receiver, and say why.

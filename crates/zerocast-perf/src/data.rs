@@ -255,9 +255,9 @@ impl DataPath {
     /// goes back (an RDMA receive is posted again, and its credit returns)
     /// only after `then`. A reply sent from `then` goes out first, so giving
     /// the buffer back is not on the round trip: that work is done while
-    /// the reply travels. Without it, a typed message is read where it
-    /// arrives ([`zerocast::Receiver::recv_with`]: no guard) and let go
-    /// before `then`, as a sink lets it go.
+    /// the reply travels. Without it, a message is read where it arrives
+    /// ([`zerocast::Connection::recv_with`], [`zerocast::Receiver::recv_with`]:
+    /// no handle, no guard) and let go before `then`, as a sink lets it go.
     pub(crate) async fn recv_then<R, T: Future<Output = anyhow::Result<R>>>(
         &self,
         hold: bool,
@@ -266,12 +266,19 @@ impl DataPath {
         let of_chunk = |c: &Chunk<'_>| Got { seq: c.seq & self.mask, len: c.data.len() };
         loop {
             let r = match &self.io {
-                Io::Raw(conn) => match if self.busy { conn.try_recv() } else { conn.recv() } {
+                Io::Raw(conn) if hold => match if self.busy { conn.try_recv() } else { conn.recv() } {
                     Ok(m) => {
                         return then(Got { seq: stamp_of(&m) & self.mask, len: m.len() }).await.map(Some)
                     }
                     Err(e) => e,
                 },
+                Io::Raw(conn) => {
+                    let got = |m: &[u8]| Got { seq: stamp_of(m) & self.mask, len: m.len() };
+                    match if self.busy { conn.try_recv_with(got) } else { conn.recv_with(got) } {
+                        Ok(got) => return then(got).await.map(Some),
+                        Err(e) => e,
+                    }
+                }
                 Io::Async(_, conn) => match conn.recv().await {
                     Ok(m) => {
                         return then(Got { seq: stamp_of(&m) & self.mask, len: m.len() }).await.map(Some)

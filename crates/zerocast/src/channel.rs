@@ -518,7 +518,7 @@ where
         &self,
         f: impl for<'a> FnOnce(&<T as Yokeable<'a>>::Output) -> R,
     ) -> Result<R, TypedRecvError> {
-        self.with(self.recv_buf(), f)
+        self.lent(Some(None), f)
     }
 
     /// [`Receiver::recv_with`], waiting at most `timeout`.
@@ -527,7 +527,7 @@ where
         timeout: Duration,
         f: impl for<'a> FnOnce(&<T as Yokeable<'a>>::Output) -> R,
     ) -> Result<R, TypedRecvError> {
-        self.with(self.recv_buf_timeout(timeout), f)
+        self.lent(Some(Instant::now().checked_add(timeout)), f)
     }
 
     /// [`Receiver::recv_with`] if a message is buffered.
@@ -535,7 +535,7 @@ where
         &self,
         f: impl for<'a> FnOnce(&<T as Yokeable<'a>>::Output) -> R,
     ) -> Result<R, TypedRecvError> {
-        self.with(self.try_recv_buf(), f)
+        self.lent(None, f)
     }
 
     /// [`Receiver::try_recv_with`] with `f` in a slot, taken only when a
@@ -551,6 +551,61 @@ where
             Err(e) => {
                 *f = Some(g);
                 Err(e)
+            }
+        }
+    }
+
+    /// The `recv_with` family: the next message that is not an
+    /// announcement (as [`Receiver::next`] finds it), decoded on the
+    /// receive buffer the link lends ([`zerocast_link::Link::recv_with`]),
+    /// which goes back when `f` returns; no [`RecvBuf`] is made. `wait`:
+    /// `None` to try once, `Some(deadline)` to wait (`Some(None)`:
+    /// forever).
+    #[inline(always)]
+    fn lent<R>(
+        &self,
+        wait: Option<Option<Instant>>,
+        f: impl for<'a> FnOnce(&<T as Yokeable<'a>>::Output) -> R,
+    ) -> Result<R, TypedRecvError> {
+        /// What one lent message came to.
+        enum Step<R> {
+            Done(R),
+            /// An announcement of `T`: receive again.
+            Again,
+            Failed(TypedRecvError),
+        }
+        let mut f = Some(f);
+        let link = self.side.conn.link();
+        loop {
+            if let Some(sent) = self.side.mismatch.get() {
+                return Err(self.mismatch(sent.clone()));
+            }
+            let step = |bytes: &[u8], _: Option<u32>| {
+                if typecheck::is_announcement(bytes) {
+                    return match typecheck::check::<T>(bytes) {
+                        Ok(Verdict::Match) => Step::Again,
+                        Ok(Verdict::Mismatch(sent)) => {
+                            let _ = self.side.mismatch.set(sent.clone());
+                            Step::Failed(self.mismatch(sent))
+                        }
+                        Err(e) => Step::Failed(TypedRecvError::Announcement(e)),
+                    };
+                }
+                match self.side.codec.decode_limited(bytes, self.side.limit) {
+                    Ok(msg) => Step::Done(f.take().map(|f| f(&msg))),
+                    Err(e) => Step::Failed(decode_error::<T>(e)),
+                }
+            };
+            let step = match wait {
+                Some(deadline) => link.recv_with(deadline, step),
+                None => link.try_recv_with(step),
+            };
+            match step? {
+                Step::Done(Some(r)) => return Ok(r),
+                // `f` is taken once, by the step that returns.
+                Step::Done(None) => unreachable!("a lent receive after the one that returned"),
+                Step::Again => continue,
+                Step::Failed(e) => return Err(e),
             }
         }
     }

@@ -264,6 +264,29 @@ impl Connection {
         each!(&self.flavor, c => c.recv(deadline(timeout)))
     }
 
+    /// Receive the next message and lend its bytes to `f`; the buffer (and
+    /// its credit) goes back when `f` returns, as a dropped [`RecvBuf`]'s
+    /// does. No handle is made, which saves a receive loop that does not
+    /// keep its messages two atomic operations a message. `f` is not called
+    /// when no message comes.
+    pub fn recv_with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Result<R, RecvError> {
+        self.link().recv_with(None, |bytes, _| f(bytes))
+    }
+
+    /// [`Connection::recv_with`] if a message is buffered.
+    pub fn try_recv_with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Result<R, RecvError> {
+        self.link().try_recv_with(|bytes, _| f(bytes))
+    }
+
+    /// [`Connection::recv_with`], waiting at most `timeout`.
+    pub fn recv_with_timeout<R>(
+        &self,
+        timeout: Duration,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, RecvError> {
+        self.link().recv_with(deadline(timeout), |bytes, _| f(bytes))
+    }
+
     /// Close the sending side; the peer sees a disconnect after the
     /// messages already sent.
     pub fn close(&self) {

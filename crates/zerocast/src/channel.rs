@@ -610,6 +610,9 @@ where
         }
     }
 
+    /// Decode a received handle's message and lend it to `f` (the async
+    /// API's polls, which take the handle first).
+    #[cfg(feature = "tokio")]
     #[inline(always)]
     fn with<R>(
         &self,

@@ -14,11 +14,11 @@
 //! the shared list before it sleeps ([`SizeClass::drain_caches`]), and a
 //! release that finds a waiter moves its own cache to the shared list and
 //! wakes it. Both sides meet inside the cache, which excludes them from
-//! each other, so one of them always sees the other. A thread that exits gives its caches back; classes with
-//! fewer than [`MIN_CACHED`] buffers are not cached at all.
+//! each other, so one of them always sees the other. A thread that exits
+//! gives its caches back; classes with fewer than [`MIN_CACHED`] buffers
+//! are not cached at all.
 
-use std::cell::RefCell;
-use std::cell::UnsafeCell;
+use std::cell::{RefCell, UnsafeCell};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -81,6 +81,14 @@ pub(crate) struct ShardState {
     /// References of the pool this cache holds for buffers it will hand
     /// out (see [`crate::refs`]).
     credit: usize,
+}
+
+impl ShardState {
+    fn drain_into(&mut self, class: &SizeClass) {
+        for i in self.entries.drain(..) {
+            class.push_free(i);
+        }
+    }
 }
 
 fn lock_gate(s: &Shard) -> MutexGuard<'_, ()> {
@@ -173,11 +181,7 @@ impl Shard {
 
     /// Move every cached entry to `class`'s shared list.
     pub(crate) fn drain_into(&self, class: &SizeClass) {
-        self.visit(|st| {
-            for i in st.entries.drain(..) {
-                class.push_free(i);
-            }
-        })
+        self.visit(|st| st.drain_into(class))
     }
 
     pub(crate) fn net_taken(&self) -> i64 {
@@ -201,9 +205,7 @@ impl Drop for Local {
             let class = &pool.classes[self.class];
             // On the owner's thread, outside `owned`: one visit.
             let credit = self.shard.visit(|st| {
-                for i in st.entries.drain(..) {
-                    class.push_free(i);
-                }
+                st.drain_into(class);
                 std::mem::take(&mut st.credit)
             });
             class.retire(self.shard.net_taken.swap(0, Ordering::Relaxed));
@@ -317,9 +319,7 @@ pub(crate) unsafe fn put(pool: NonNull<PoolInner>, idx: usize, entry: Entry) {
         // itself in `waiters` first) is seen here; one that comes later
         // sees the entry in the cache.
         let woke = if class.waiters.load(Ordering::Acquire) > 0 {
-            for i in st.entries.drain(..) {
-                class.push_free(i);
-            }
+            st.drain_into(class);
             true
         } else {
             false

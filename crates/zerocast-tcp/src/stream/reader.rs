@@ -279,8 +279,7 @@ impl Source for Reader {
                     // A batch of larger ones reads on while the socket
                     // holds more, so that the kernel's receive buffer, and
                     // the peer's TCP window, stay open.
-                    let small = self.pump_bytes <= STAGING;
-                    if (self.drained || small) && driver.batch_done(frames) {
+                    if self.batch_over(driver, frames) {
                         return Pumped::Frames;
                     }
                 }
@@ -458,22 +457,32 @@ impl Reader {
             let header = Header::decode(&self.staging[at..at + HEADER_LEN], driver.max_payload())
                 .map_err(|e| Stop::Failed(e.into()))?;
             let len = header.len as usize;
-            if header.kind != FrameKind::Data || self.end - at - HEADER_LEN < len {
+            if header.kind != FrameKind::Data {
                 break;
             }
-            let Ok(mut buf) = driver.pool().alloc(len, Wait::No) else { break };
-            buf.copy_from_slice(&self.staging[at + HEADER_LEN..at + HEADER_LEN + len]);
-            self.start = at + HEADER_LEN + len;
+            self.start = at + HEADER_LEN;
+            let Some(buf) = self.whole(driver, &header) else {
+                // Left for the general path, header and all.
+                self.start = at;
+                break;
+            };
             self.pump_bytes += HEADER_LEN + len;
             batch.on_data(header, buf).map_err(Stop::Failed)?;
             *frames += 1;
-            // As in `pump`: a receiving thread's batch ends at a ring.
-            let small = self.pump_bytes <= STAGING;
-            if (self.drained || small) && driver.batch_done(*frames) {
+            if self.batch_over(driver, *frames) {
                 return Ok(true);
             }
         }
         Ok(false)
+    }
+
+    /// Whether a pump that has handed over `frames` frames returns now (see
+    /// [`Reader::pump`]): at the end of a receiving thread's batch, once the
+    /// socket is drained or the batch is of small frames.
+    #[inline(always)]
+    fn batch_over(&self, driver: &Driver, frames: usize) -> bool {
+        let small = self.pump_bytes <= STAGING;
+        (self.drained || small) && driver.batch_done(frames)
     }
 
     /// The payload of `header`'s data frame, if all of it is in staging and

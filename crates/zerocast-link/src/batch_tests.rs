@@ -1,36 +1,41 @@
-//! A receiving thread's pump takes one batch ([`Driver::batch_done`]);
-//! every other pump takes everything there is.
+//! A receiving thread's pump takes one batch ([`Driver::batch_done`]): a
+//! ring of frames or [`BATCH_BYTES`] of them; every other pump takes
+//! everything there is.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use zerocast_core::{FrameKind, Header, RecvError};
+use zerocast_core::{FrameKind, Header, RecvError, HEADER_LEN};
 use zerocast_mem::{Pool, Wait};
 
 use crate::queue::FAST;
-use crate::{Driver, Link, Pumped, Source};
+use crate::{Driver, Link, Pumped, Source, BATCH_BYTES};
 
-/// A test double for a socket holding `left` small data frames: each pump
+/// A test double for a socket holding `left` data frames of `size` bytes
+/// (4 unless set; the sequence number first): each pump
 /// hands the driver frames in order until they run out or the driver says
 /// the batch is done, and notes the delivery queue's length after it.
 struct Backlogged {
     pool: Pool,
     next: u32,
     left: u32,
+    size: usize,
     queued_after: Arc<Mutex<Vec<usize>>>,
 }
 
 impl Source for Backlogged {
     fn pump(&mut self, driver: &Driver, _until: Option<Instant>) -> Pumped {
-        let mut frames = 0;
+        let (mut frames, mut bytes) = (0, 0);
         while self.left > 0 {
-            let mut buf = self.pool.alloc(4, Wait::No).unwrap();
-            buf.copy_from_slice(&self.next.to_le_bytes());
-            driver.on_frame(Header::new(FrameKind::Data, 0, self.next, 4), Some(buf)).unwrap();
+            let mut buf = self.pool.alloc(self.size, Wait::No).unwrap();
+            buf[..4].copy_from_slice(&self.next.to_le_bytes());
+            let header = Header::new(FrameKind::Data, 0, self.next, self.size as u64);
+            driver.on_frame(header, Some(buf)).unwrap();
             self.next += 1;
             self.left -= 1;
             frames += 1;
-            if driver.batch_done(frames) {
+            bytes += HEADER_LEN + self.size;
+            if driver.batch_done(frames, bytes) {
                 break;
             }
         }
@@ -46,9 +51,14 @@ impl Source for Backlogged {
 /// A link with room for `n` messages in flight whose source holds `n`
 /// frames, and the queue lengths its pumps leave.
 fn backlogged(n: u32) -> (Link, Driver, Arc<Mutex<Vec<usize>>>) {
+    backlogged_of(n, 4)
+}
+
+/// [`backlogged`] with frames of `size` bytes.
+fn backlogged_of(n: u32, size: usize) -> (Link, Driver, Arc<Mutex<Vec<usize>>>) {
     let (link, driver, pool) = crate::test_link_of(n);
     let queued_after = Arc::default();
-    let source = Backlogged { pool, next: 0, left: n, queued_after: Arc::clone(&queued_after) };
+    let source = Backlogged { pool, next: 0, left: n, size, queued_after: Arc::clone(&queued_after) };
     driver.install_source(Box::new(source));
     (link, driver, queued_after)
 }
@@ -77,11 +87,34 @@ fn a_receiving_thread_takes_a_window_of_small_messages_a_ring_at_a_time() {
 }
 
 #[test]
+fn a_receiving_thread_takes_a_window_of_larger_messages_64_kib_at_a_time() {
+    let (n, size) = (300, 4096);
+    let (link, _driver, queued_after) = backlogged_of(n, size);
+    for i in 0..n {
+        assert_eq!(seq(&link.recv(None).unwrap()), i);
+    }
+    // The rest of the window waits at the source, not in pool buffers:
+    // each batch is the first frame to reach BATCH_BYTES.
+    assert_eq!(link.stats().queued, 0);
+    let per_batch = BATCH_BYTES.div_ceil(HEADER_LEN + size);
+    let queued_after = queued_after.lock().unwrap();
+    assert!(queued_after.iter().all(|&q| q < per_batch), "{queued_after:?}");
+    let pumps = queued_after.iter().filter(|&&q| q > 0).count();
+    assert_eq!(pumps, (n as usize).div_ceil(per_batch), "one pump per batch: {queued_after:?}");
+}
+
+#[test]
 fn the_engine_and_a_look_at_the_counters_take_everything() {
     let n = 300;
-    let (_link, driver, queued_after) = backlogged(n);
-    assert_eq!(driver.try_pump(None), Some(Pumped::Frames));
-    assert_eq!(*queued_after.lock().unwrap(), [n as usize], "the engine read the whole backlog");
+    for size in [4, 4096] {
+        let (_link, driver, queued_after) = backlogged_of(n, size);
+        assert_eq!(driver.try_pump(None), Some(Pumped::Frames));
+        assert_eq!(
+            *queued_after.lock().unwrap(),
+            [n as usize],
+            "the engine read the whole backlog of {size} B"
+        );
+    }
 
     let (link, _driver, _) = backlogged(n);
     assert_eq!(link.stats().queued, n as usize, "stats counts every message that has arrived");

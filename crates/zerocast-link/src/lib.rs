@@ -106,7 +106,7 @@ pub use listener::{chain as error_chain, Backlog, CloseSignal, ListenerCounters}
 pub use ready::Notify;
 pub use recv::{RecvBuf, ReleaseToken};
 pub use repost::{Repost, Reposted};
-pub use source::{Pumped, SharedSource, Source, SourceFd, SourceSignal};
+pub use source::{Pumped, SharedSource, Source, SourceFd, SourceSignal, BATCH_BYTES, BATCH_FRAMES};
 pub use turn::{TurnGuard, TurnLock};
 pub use wakers::Wakers;
 pub use wire::{Wire, WireCtx, Writing};

@@ -42,6 +42,15 @@ pub enum Pumped {
     Done,
 }
 
+/// The frames a receiving thread's pump hands over at most (see
+/// [`Driver::batch_done`]): the delivery queue's lock-free ring.
+pub const BATCH_FRAMES: usize = crate::queue::FAST;
+
+/// The bytes a receiving thread's pump hands over at most, give or take a
+/// frame (see [`Driver::batch_done`]): a few KiB-sized messages, which stay
+/// in cache until they are read.
+pub const BATCH_BYTES: usize = 64 * 1024;
+
 /// A backend's read path, driven by its engine task and by receiving
 /// threads.
 pub trait Source: Send {
@@ -182,21 +191,26 @@ impl Driver {
         self.shared.source_hint.store(true, Ordering::Release);
     }
 
-    /// Whether a pump that has handed over `frames` frames should return
-    /// now and leave the rest (staged, or on the socket) for the next one:
-    /// a receiving thread's pump stops once its frames fill the delivery
-    /// queue's lock-free ring, which that thread empties before it pumps
-    /// again, so a window of thousands of small messages flows through
-    /// the ring and never its spill list. A task that reads directly does
-    /// the same; what its batch leaves, no readiness of the descriptor
-    /// would announce, so the hint of [`Driver::read_again`] has its next
-    /// look (a receive, or a wait for credit) read it. Every other pump
-    /// takes everything: the engine's (nobody else may read for the
-    /// application), a sender's looking for credit, and a look at the
-    /// counters.
+    /// Whether a pump that has handed over `frames` frames of `bytes`
+    /// bytes in all (headers and payloads) should return now and leave the
+    /// rest (staged, or on the socket) for the next one: a receiving
+    /// thread's pump stops once its frames fill the delivery queue's
+    /// lock-free ring ([`BATCH_FRAMES`]) or hold [`BATCH_BYTES`], which
+    /// that thread takes before it pumps again. A window of thousands of
+    /// small messages flows through the ring and never its spill list, and
+    /// a window of megabytes of larger ones waits in the kernel's receive
+    /// buffer, not in pool buffers: the few a batch fills are still in
+    /// cache when the receiver reads them, and go back to the pool for the
+    /// next batch. A task that reads directly does the same; what its
+    /// batch leaves, no readiness of the descriptor would announce, so the
+    /// hint of [`Driver::read_again`] has its next look (a receive, or a
+    /// wait for credit) read it. Every other pump takes everything: the
+    /// engine's (nobody else may read for the application), a sender's
+    /// looking for credit, and a look at the counters.
     #[inline]
-    pub fn batch_done(&self, frames: usize) -> bool {
-        let done = frames >= crate::queue::FAST && self.shared.batch_pump.load(Ordering::Relaxed);
+    pub fn batch_done(&self, frames: usize, bytes: usize) -> bool {
+        let full = frames >= BATCH_FRAMES || bytes >= BATCH_BYTES;
+        let done = full && self.shared.batch_pump.load(Ordering::Relaxed);
         if done {
             if self.reads_directly() {
                 self.read_again();

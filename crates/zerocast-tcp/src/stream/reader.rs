@@ -272,13 +272,9 @@ impl Source for Reader {
             match self.frame(driver, if frames > 0 { None } else { until }) {
                 Ok(()) => {
                     frames += 1;
-                    // A receiving thread's pump stops at a batch (the rest
-                    // waits, staged or on the socket, for its next pump)
-                    // once the socket is drained, or when the batch was of
-                    // small frames, no more than a staging buffer in all.
-                    // A batch of larger ones reads on while the socket
-                    // holds more, so that the kernel's receive buffer, and
-                    // the peer's TCP window, stay open.
+                    // A receiving thread's pump stops at a batch (the
+                    // rest waits, staged or on the socket, for its next
+                    // pump): a ring of frames, or 64 KiB of them.
                     if self.batch_over(driver, frames) {
                         return Pumped::Frames;
                     }
@@ -477,12 +473,10 @@ impl Reader {
     }
 
     /// Whether a pump that has handed over `frames` frames returns now (see
-    /// [`Reader::pump`]): at the end of a receiving thread's batch, once the
-    /// socket is drained or the batch is of small frames.
+    /// [`Reader::pump`]): at the end of a receiving thread's batch.
     #[inline(always)]
     fn batch_over(&self, driver: &Driver, frames: usize) -> bool {
-        let small = self.pump_bytes <= STAGING;
-        (self.drained || small) && driver.batch_done(frames)
+        driver.batch_done(frames, self.pump_bytes)
     }
 
     /// The payload of `header`'s data frame, if all of it is in staging and

@@ -248,7 +248,10 @@ pub struct Order {
     pub lines: BTreeMap<String, Vec<Line>>,
     /// State.
     pub state: State,
-    /// Raw bytes.
+    /// Raw bytes, up to hundreds of KiB: one byte string (`serde_bytes`),
+    /// as an application would send a blob, not a sequence of 200,000
+    /// elements (which costs a debug build seconds a message under TCG).
+    #[serde(with = "serde_bytes")]
     pub blob: Vec<u8>,
     /// A tuple and a float.
     pub extra: (i32, f64, bool, char),

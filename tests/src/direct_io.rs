@@ -71,6 +71,79 @@ pub fn a_burst_goes_through_the_writer(t: &Transport, n: u64, drained: impl Fn(&
     drained(t);
 }
 
+/// Ping-pong of `size`-byte messages, each held until its reply is out, so
+/// every send finds the link under load: a large message that answers one
+/// is still written by its caller, never held back for a batch.
+pub fn large_replies_are_written_by_the_caller(
+    t: &Transport,
+    rounds: u64,
+    size: usize,
+    drained: impl Fn(&Transport),
+) {
+    let (client, server) = t.pair();
+    let echo = thread::spawn(move || {
+        while let Ok(m) = server.recv() {
+            let mut reply = server.alloc(m.len()).expect("alloc");
+            reply.copy_from_slice(&m);
+            // Sent while the request is held: its credit is not back yet.
+            server.send(reply).expect("echo");
+            drop(m);
+        }
+    });
+    for i in 0..rounds {
+        let mut b = client.alloc(size).expect("alloc");
+        b[..8].copy_from_slice(&i.to_le_bytes());
+        client.send(b).expect("send");
+        let r = client.recv().expect("reply");
+        assert_eq!((u64::from_le_bytes(r[..8].try_into().unwrap()), r.len()), (i, size), "wrong reply");
+    }
+    let stats = client.stats();
+    // A few may meet the engine holding the socket (flushing what the
+    // socket did not take at once), and queue.
+    assert!(stats.direct_sends >= rounds * 9 / 10, "{stats:?}");
+    client.close();
+    echo.join().expect("echo thread");
+    drained(t);
+}
+
+/// A one-way stream of `n` large messages of `size` bytes: on a byte
+/// stream they go out several per write (so writes end in whole packets),
+/// not one by one from the sender, and all arrive whole and in order.
+pub fn a_stream_of_large_messages_is_batched(
+    t: &Transport,
+    n: u64,
+    size: usize,
+    drained: impl Fn(&Transport),
+) {
+    let (client, server) = t.pair();
+    let reader = thread::spawn(move || {
+        let mut next = 0u64;
+        while let Ok(m) = server.recv() {
+            // The sequence number at both ends: a message cut or spliced
+            // at a packet boundary shows.
+            let (head, tail) = (&m[..8], &m[size - 8..]);
+            assert_eq!((m.len(), head, tail), (size, &next.to_le_bytes()[..], &next.to_le_bytes()[..]));
+            next += 1;
+        }
+        next
+    });
+    // The sender does nothing else, so its messages come close together
+    // (filling all of each one here would space them out: a slow stream).
+    for i in 0..n {
+        let mut b = client.alloc(size).expect("alloc");
+        b[..8].copy_from_slice(&i.to_le_bytes());
+        b[size - 8..].copy_from_slice(&i.to_le_bytes());
+        client.send(b).expect("send");
+    }
+    let stats = client.stats();
+    client.close();
+    assert_eq!(reader.join().expect("reader"), n);
+    // Past the first few, each comes close behind the last with nothing
+    // from the peer between (but a credit frame now and then).
+    assert!(stats.direct_sends < n / 2, "{stats:?}");
+    drained(t);
+}
+
 /// `threads` threads send `per` messages each on one connection: each
 /// thread's messages arrive in its order, direct writes and batches mixed.
 pub fn senders_on_many_threads_keep_order(

@@ -24,6 +24,16 @@ fn a_burst_goes_through_the_writer_and_arrives_whole() {
 }
 
 #[test]
+fn large_replies_are_written_by_the_caller() {
+    direct_io::large_replies_are_written_by_the_caller(&tcp(), 300, 64 << 10, drained);
+}
+
+#[test]
+fn a_stream_of_large_messages_is_batched_and_arrives_whole() {
+    direct_io::a_stream_of_large_messages_is_batched(&tcp(), 2_000, 64 << 10, drained);
+}
+
+#[test]
 fn senders_on_many_threads_keep_each_threads_order() {
     direct_io::senders_on_many_threads_keep_order(&tcp(), 4, 20_000, drained);
 }

@@ -201,7 +201,7 @@ impl Link {
             }
         };
         if tag == 0 {
-            if let Some(w) = self.shared.direct_wire(&st, buf.len()) {
+            if let Some(w) = self.shared.direct_wire(&mut st, buf.len()) {
                 self.shared.write_direct(st, w, buf, reservation);
                 return Ok(());
             }

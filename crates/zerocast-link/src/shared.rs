@@ -82,6 +82,10 @@ pub(crate) struct State {
     pub(crate) last_rx: Instant,
     /// Heartbeats on: when the writer last took a batch.
     pub(crate) last_tx: Instant,
+    /// When the last large frame was sent under load, on a wire that
+    /// batches them, and the next sequence number expected from the peer
+    /// then (see [`crate::wire::STREAM_GAP`]).
+    pub(crate) last_large: Option<(Instant, u32)>,
 }
 
 #[derive(Debug)]
@@ -164,6 +168,9 @@ pub(crate) struct Shared {
     /// [`crate::staged`]); 0 for a wire that takes only frames. Set once,
     /// as the wire is attached.
     pub(crate) stage_max: AtomicUsize,
+    /// The wire batches large frames ([`crate::Wire::batches_large_frames`]).
+    /// Set once, as the wire is attached.
+    pub(crate) large_batched: AtomicBool,
     /// Frames may be staged: raised by the sender that stages into an
     /// empty area, lowered by the writer that takes it, both under the
     /// state lock.
@@ -218,6 +225,7 @@ impl Shared {
             writer_done: false,
             last_rx: Instant::now(),
             last_tx: Instant::now(),
+            last_large: None,
         };
         let heartbeat =
             zerocast_core::negotiated_heartbeat(setup.config.heartbeat_ms(), setup.peer_hello.heartbeat_ms);
@@ -255,6 +263,7 @@ impl Shared {
             queue_waiters: AtomicUsize::new(0),
             spare_batch: Mutex::new(crate::driver::Batch::with_capacity(setup.config.max_batch + 2)),
             stage_max: AtomicUsize::new(0),
+            large_batched: AtomicBool::new(false),
             staged_hint: AtomicBool::new(false),
             released: AtomicU32::new(0),
             release_batch: (setup.config.recv_window / 8).clamp(1, 32),

@@ -43,8 +43,16 @@ pub(crate) const DIRECT_MAX_OUTSTANDING: u32 = 4;
 
 /// A frame this large is written by its sending thread whenever the wire
 /// is free, however many are in flight: it is one write of its own in any
-/// batch, so a hand-off to the engine would only add a wake-up.
+/// batch, so a hand-off to the engine would only add a wake-up. Unless the
+/// wire batches large frames ([`Wire::batches_large_frames`]) and the
+/// frame comes within [`STREAM_GAP`] of the one before: then it queues.
 pub(crate) const DIRECT_LARGE: usize = 16 * 1024;
+
+/// Large frames sent closer together than this are a stream, which a wire
+/// that batches them ([`Wire::batches_large_frames`]) writes several at a
+/// time. One that comes after a longer pause goes out from its sender at
+/// once, without waiting for the engine: a slow stream keeps its latency.
+pub(crate) const STREAM_GAP: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// Times the engine's writer gives its core away, at most, after it wrote
 /// queued frames and drained the queue, and writes what came meanwhile.
@@ -67,6 +75,18 @@ pub trait Wire: Send {
     /// takes only [`Frame`]s. Asked once, when the wire is attached.
     fn stages_up_to(&self) -> usize {
         0
+    }
+
+    /// Whether a stream of large frames goes out faster several per write
+    /// than one by one: a byte stream's does, whose every write ends in a
+    /// short packet (see the TCP writer). Then such frames, under load
+    /// and close together ([`STREAM_GAP`]), queue for the writer's
+    /// batches. `false`, the default: a sending thread writes each large
+    /// frame itself whenever the wire is free (an RDMA send queue, where
+    /// each is a work request of its own anyway). Asked once, when the
+    /// wire is attached.
+    fn batches_large_frames(&self) -> bool {
+        false
     }
 
     /// [`Wire::write`], with `bytes` ahead of `frames`: stamped data frames
@@ -160,6 +180,14 @@ enum Written {
 
 pub(crate) type WireLock = Mutex<Box<dyn Wire>>;
 
+/// Whether a large frame sent at `now`, with `rx` the next sequence number
+/// expected from the peer, continues a stream whose last large frame was
+/// sent at `last` (when `rx` was as given there): nothing came in between,
+/// and it is within [`STREAM_GAP`] of that one.
+fn in_stream(last: Option<(Instant, u32)>, now: Instant, rx: u32) -> bool {
+    last.is_some_and(|(t, seen)| seen == rx && now.saturating_duration_since(t) < STREAM_GAP)
+}
+
 /// The wire, if no other thread holds it now (a poisoned lock is taken
 /// anyway). Every writer, the engine's included, only tries it.
 fn try_wire(w: &WireLock) -> Option<MutexGuard<'_, Box<dyn Wire>>> {
@@ -176,6 +204,7 @@ impl Driver {
     /// there is work (call once, before the first [`Driver::drive_writer`]).
     pub fn attach(&self, wire: Box<dyn Wire>, waker: crate::engine::Waker) {
         self.shared.stage_max.store(wire.stages_up_to(), Ordering::Relaxed);
+        self.shared.large_batched.store(wire.batches_large_frames(), Ordering::Relaxed);
         let _ = self.shared.wire.0.set(std::sync::Mutex::new(wire));
         let _ = self.shared.waker.0.set(waker);
     }
@@ -396,16 +425,37 @@ impl Shared {
     /// Asks before it takes: the buffer moves only into the path that
     /// sends it, not out through an error and into the next attempt.
     #[inline]
-    pub(crate) fn direct_wire(&self, st: &State, len: usize) -> Option<MutexGuard<'_, Box<dyn Wire>>> {
+    pub(crate) fn direct_wire(&self, st: &mut State, len: usize) -> Option<MutexGuard<'_, Box<dyn Wire>>> {
         let wire = self.wire.0.get()?;
-        let quiet = st.credits.outstanding() <= DIRECT_MAX_OUTSTANDING;
-        if st.queued_data > 0 || !st.staged.is_empty() || st.goodbye_sent || !(quiet || len >= DIRECT_LARGE) {
+        // Every large frame under load is timed, queued or not.
+        let alone = st.credits.outstanding() <= DIRECT_MAX_OUTSTANDING || self.large_alone(st, len);
+        if st.queued_data > 0 || !st.staged.is_empty() || st.goodbye_sent || !alone {
             return None;
         }
         // The state stays locked: the wire is only tried, never waited
         // for, against the usual order (the wire first), so no thread
         // holding the wire and waiting for the state is waited on.
         try_wire(wire)
+    }
+
+    /// Whether a frame of `len` bytes on a link under load is written
+    /// alone by its sender (see [`DIRECT_LARGE`]): it is large, and the
+    /// wire does not batch large frames, or this one is no part of a
+    /// stream: the last came longer ago than [`STREAM_GAP`], or a frame
+    /// arrived since (an answer: the sender is waiting for replies, each
+    /// a round trip from the last, and batching would only delay them).
+    #[inline]
+    fn large_alone(&self, st: &mut State, len: usize) -> bool {
+        if len < DIRECT_LARGE {
+            return false;
+        }
+        if !self.large_batched.load(Ordering::Relaxed) {
+            return true;
+        }
+        let (now, rx) = (Instant::now(), st.credits.next_rx_seq());
+        let stream = in_stream(st.last_large, now, rx);
+        st.last_large = Some((now, rx));
+        !stream
     }
 
     /// Write a data frame through `w` (from [`Shared::direct_wire`]) on
@@ -439,5 +489,28 @@ impl Shared {
         if let Err(e) = res {
             self.fail(&mut self.lock(), e);
         }
+    }
+}
+
+#[cfg(test)]
+mod stream_tests {
+    use std::time::{Duration, Instant};
+
+    use super::{in_stream, STREAM_GAP};
+
+    #[test]
+    fn a_large_frame_continues_a_stream_only_close_behind_the_last_with_nothing_between() {
+        let t = Instant::now();
+        let soon = t + STREAM_GAP / 2;
+        // The first of all, and one close behind the last.
+        assert!(!in_stream(None, t, 7));
+        assert!(in_stream(Some((t, 7)), soon, 7));
+        // After a pause: a slow stream's frames go out one by one.
+        assert!(!in_stream(Some((t, 7)), t + STREAM_GAP, 7));
+        assert!(!in_stream(Some((t, 7)), t + Duration::from_secs(1), 7));
+        // A frame from the peer came in between: an answer, not a stream.
+        assert!(!in_stream(Some((t, 7)), soon, 8));
+        // A clock that went back (another thread's reading) is no pause.
+        assert!(in_stream(Some((soon, 7)), t, 7));
     }
 }

@@ -236,6 +236,12 @@ impl Wire for TcpWire {
         COPY_MAX
     }
 
+    /// A large frame written alone ends in a short packet (see
+    /// [`packet_size`]); several in one backlog share one.
+    fn batches_large_frames(&self) -> bool {
+        true
+    }
+
     fn write_staged(
         &mut self,
         bytes: &[u8],

@@ -271,7 +271,7 @@ impl Driver {
     ) -> Result<(), ConnError> {
         let mut st = self.shared.lock();
         self.note_rx(&mut st);
-        match self.accept(&mut st, arrived, payload, imm) {
+        match self.accept(&mut st, arrived, payload, imm, true) {
             Ok(credited) => {
                 self.settle(st, credited);
                 Ok(())
@@ -302,6 +302,7 @@ impl Driver {
         arrived: Arrived,
         payload: Option<Buf>,
         imm: Option<u32>,
+        wake: bool,
     ) -> Result<bool, ConnError> {
         let header = match arrived {
             Arrived::Header(h) => h,
@@ -328,7 +329,7 @@ impl Driver {
                     drop(buf);
                 } else if handoff::wanted(&self.shared) {
                     handoff::keep(Delivery::Msg(buf, imm));
-                } else if self.shared.push_delivery(Delivery::Msg(buf, imm)).is_err() {
+                } else if self.shared.push_delivery_woken(Delivery::Msg(buf, imm), wake).is_err() {
                     // Credits make this impossible; a full queue means
                     // the peer overran its window.
                     let window = st.credits.window();

@@ -4,7 +4,8 @@
 //! them over in a [`FrameBatch`]: the state is locked at the first frame
 //! and let go when the batch ends (dropped, or [`FrameBatch::finish`]),
 //! and the releases folded in, the credit frame asked for and the writer
-//! woken once for the batch, not once a frame. Each frame is accounted
+//! woken once for the batch, not once a frame; so is a receiver asleep on
+//! the delivery queue (one fence for the batch). Each frame is accounted
 //! exactly as [`Driver::on_frame`] would (credits, sequence number,
 //! delivery, in order); only the lock and the settling are shared.
 //!
@@ -28,6 +29,8 @@ pub struct FrameBatch<'a> {
     st: Option<MutexGuard<'a, State>>,
     /// A frame of the batch returned credits.
     credited: bool,
+    /// Frames were accounted: a receiver asleep on them is to be woken.
+    accounted: bool,
 }
 
 impl std::fmt::Debug for FrameBatch<'_> {
@@ -40,7 +43,7 @@ impl Driver {
     /// A batch of data frames for this connection (see [`FrameBatch`]).
     #[inline]
     pub fn batch(&self) -> FrameBatch<'_> {
-        FrameBatch { driver: self, st: None, credited: false }
+        FrameBatch { driver: self, st: None, credited: false, accounted: false }
     }
 }
 
@@ -60,7 +63,8 @@ impl FrameBatch<'_> {
                 self.st.insert(st)
             }
         };
-        match driver.accept(st, Arrived::Header(header), Some(payload), None) {
+        self.accounted = true;
+        match driver.accept(st, Arrived::Header(header), Some(payload), None, false) {
             Ok(credited) => {
                 self.credited |= credited;
                 Ok(())
@@ -68,6 +72,7 @@ impl FrameBatch<'_> {
             Err(e) => {
                 self.st = None;
                 self.credited = false;
+                self.wake_receivers();
                 Err(driver.fail(e))
             }
         }
@@ -80,6 +85,16 @@ impl FrameBatch<'_> {
     pub fn finish(&mut self) {
         if let Some(st) = self.st.take() {
             self.driver.settle(st, std::mem::take(&mut self.credited));
+        }
+        self.wake_receivers();
+    }
+
+    /// Wake a receiver asleep on the delivery queue for the frames
+    /// accounted so far (queued without a wake).
+    #[inline]
+    fn wake_receivers(&mut self) {
+        if std::mem::take(&mut self.accounted) {
+            self.driver.shared.delivered.wake(true);
         }
     }
 }

@@ -79,6 +79,16 @@ impl<T> Queue<T> {
     /// Add `item` at the back, waking one sleeping consumer.
     #[inline(always)]
     pub(crate) fn push(&self, item: T) -> Result<(), PushError<T>> {
+        self.push_unwoken(item)?;
+        self.wake(false);
+        Ok(())
+    }
+
+    /// Add `item` at the back and wake no one: for a producer that pushes
+    /// several in a row, then calls [`Queue::wake`] once for them all.
+    /// A consumer sleeping meanwhile sleeps until that call.
+    #[inline(always)]
+    pub(crate) fn push_unwoken(&self, item: T) -> Result<(), PushError<T>> {
         if self.closed.load(Ordering::Acquire) {
             return Err(PushError::Closed(item));
         }
@@ -87,16 +97,26 @@ impl<T> Queue<T> {
         if let Some(item) = item {
             self.push_spill(item)?;
         }
-        // Orders the push before the read of `sleepers` (see the module docs).
+        Ok(())
+    }
+
+    /// Wake one consumer sleeping on items pushed before (`all`: every
+    /// one, for several items).
+    #[inline(always)]
+    pub(crate) fn wake(&self, all: bool) {
+        // Orders the pushes before the read of `sleepers` (see the module docs).
         fence(Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) > 0 {
             // Once the lock was free, the sleeper waits (or is gone); the
             // notification goes out after it, so the woken thread does not
             // run into a held lock.
             drop(self.lock.lock().unwrap_or_else(PoisonError::into_inner));
-            self.cv.notify_one();
+            if all {
+                self.cv.notify_all();
+            } else {
+                self.cv.notify_one();
+            }
         }
-        Ok(())
     }
 
     /// Queue `item` behind the ring (full, or already behind a spill).
@@ -288,10 +308,21 @@ mod tests {
         no_item_is_lost_or_stranded_at(FAST + 3);
     }
 
+    #[test]
+    fn no_item_is_lost_or_stranded_when_pushed_in_runs_and_woken_once_a_run() {
+        items_pushed_in_runs_of(FAST + 3, 7);
+    }
+
+    fn no_item_is_lost_or_stranded_at(cap: usize) {
+        items_pushed_in_runs_of(cap, 1);
+    }
+
     /// Two producers, two sleeping consumers, a queue of `cap` much smaller
     /// than the traffic: every item arrives exactly once, none is
     /// stranded, and each consumer sees each producer's items in order.
-    fn no_item_is_lost_or_stranded_at(cap: usize) {
+    /// Producers push in runs of `run` items and wake the consumers once a
+    /// run (`Queue::push_unwoken`, `Queue::wake`), as a frame batch does.
+    fn items_pushed_in_runs_of(cap: usize, run: u64) {
         const PER: u64 = 20_000;
         let q = Arc::new(Queue::new(cap));
         let consumers: Vec<_> = (0..2)
@@ -316,14 +347,19 @@ mod tests {
                     for i in 0..PER {
                         let mut item = p * PER + i;
                         loop {
-                            match q.push(item) {
+                            let pushed = if run == 1 { q.push(item) } else { q.push_unwoken(item) };
+                            match pushed {
                                 Ok(()) => break,
                                 Err(PushError::Full(back)) => {
                                     item = back;
+                                    q.wake(true);
                                     thread::yield_now();
                                 }
                                 Err(PushError::Closed(_)) => unreachable!("never closed"),
                             }
+                        }
+                        if run > 1 && (i % run == run - 1 || i == PER - 1) {
+                            q.wake(true);
                         }
                     }
                 })

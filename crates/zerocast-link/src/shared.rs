@@ -503,7 +503,15 @@ impl Shared {
     /// Queue `d` for the application, and tell a readiness registration.
     #[inline(always)]
     pub(crate) fn push_delivery(&self, d: Delivery) -> Result<(), Delivery> {
-        self.delivered.push(d).map_err(|e| match e {
+        self.push_delivery_woken(d, true)
+    }
+
+    /// [`Shared::push_delivery`]; without `wake`, a receiver asleep on the
+    /// queue sleeps on until a `delivered.wake` (see [`crate::FrameBatch`]).
+    #[inline(always)]
+    pub(crate) fn push_delivery_woken(&self, d: Delivery, wake: bool) -> Result<(), Delivery> {
+        let pushed = if wake { self.delivered.push(d) } else { self.delivered.push_unwoken(d) };
+        pushed.map_err(|e| match e {
             crate::queue::PushError::Full(d) | crate::queue::PushError::Closed(d) => d,
         })?;
         if let Some(r) = self.ready.0.get() {

@@ -80,8 +80,8 @@ pub trait Wire: Send {
     /// Whether a stream of large frames goes out faster several per write
     /// than one by one: a byte stream's does, whose every write ends in a
     /// short packet (see the TCP writer). Then such frames, under load
-    /// and close together ([`STREAM_GAP`]), queue for the writer's
-    /// batches. `false`, the default: a sending thread writes each large
+    /// and close together (within 50 µs, with nothing from the peer
+    /// between), queue for the writer's batches. `false`, the default: a sending thread writes each large
     /// frame itself whenever the wire is free (an RDMA send queue, where
     /// each is a work request of its own anyway). Asked once, when the
     /// wire is attached.

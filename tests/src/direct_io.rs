@@ -144,6 +144,35 @@ pub fn a_stream_of_large_messages_is_batched(
     drained(t);
 }
 
+/// A stream of `n` messages of `size` bytes that then stops, the
+/// connection left open: every message arrives, the last ones too (a
+/// sender that writes its ring itself may keep the bytes past its last
+/// whole packet for the engine's writer, which sends them when nothing
+/// follows).
+pub fn a_stream_that_stops_arrives_whole_before_the_close(
+    t: &Transport,
+    n: u64,
+    size: usize,
+    drained: impl Fn(&Transport),
+) {
+    let (client, server) = t.pair();
+    for i in 0..n {
+        let mut b = client.alloc(size).expect("alloc");
+        b[..8].copy_from_slice(&i.to_le_bytes());
+        b[size - 8..].copy_from_slice(&i.to_le_bytes());
+        client.send(b).expect("send");
+    }
+    for i in 0..n {
+        let m = server
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("message {i} of {n}: {e}"));
+        assert_eq!((&m[..8], &m[size - 8..]), (&i.to_le_bytes()[..], &i.to_le_bytes()[..]), "message {i}");
+    }
+    client.close();
+    assert!(matches!(server.recv_timeout(Duration::from_secs(10)), Err(RecvError::Disconnected)));
+    drained(t);
+}
+
 /// `threads` threads send `per` messages each on one connection: each
 /// thread's messages arrive in its order, direct writes and batches mixed.
 pub fn senders_on_many_threads_keep_order(

@@ -34,6 +34,13 @@ fn a_stream_of_large_messages_is_batched_and_arrives_whole() {
 }
 
 #[test]
+fn a_stream_that_stops_arrives_whole_before_the_close() {
+    for (n, size) in [(64, 4096), (200, 4096), (1_000, 3000), (300, 9000)] {
+        direct_io::a_stream_that_stops_arrives_whole_before_the_close(&tcp(), n, size, drained);
+    }
+}
+
+#[test]
 fn senders_on_many_threads_keep_each_threads_order() {
     direct_io::senders_on_many_threads_keep_order(&tcp(), 4, 20_000, drained);
 }

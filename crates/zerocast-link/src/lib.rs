@@ -89,6 +89,8 @@ mod staged;
 #[cfg(test)]
 mod staged_tests;
 #[cfg(test)]
+mod tail_tests;
+#[cfg(test)]
 mod test_writer;
 mod turn;
 #[cfg(test)]

@@ -114,15 +114,40 @@ pub trait Wire: Send {
     fn flush(&mut self, _ctx: &WireCtx<'_>) -> Result<(), ConnError> {
         Ok(())
     }
+
+    /// Write what an earlier write kept back ([`WireCtx::may_keep_tail`]):
+    /// the engine's writer found nothing queued to send it with. A wire
+    /// that keeps nothing back need not implement it.
+    fn flush_tail(&mut self, _ctx: &WireCtx<'_>) -> Result<(), ConnError> {
+        Ok(())
+    }
 }
 
 /// What a [`Wire`] may ask of its connection while it writes.
 #[derive(Debug)]
 pub struct WireCtx<'a> {
     shared: &'a Shared,
+    /// See [`WireCtx::may_keep_tail`].
+    keep_tail: bool,
+}
+
+impl<'a> WireCtx<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        Self { shared, keep_tail: false }
+    }
 }
 
 impl WireCtx<'_> {
+    /// Whether this write may keep back its last bytes, short of a whole
+    /// packet, for the engine's writer: a sending thread that writes a
+    /// stream's ring of frames does (one that finds a ring's worth queued),
+    /// whose next frames are on their way. A wire that keeps them does not
+    /// report them as a backlog, kicks the engine ([`WireCtx::kick`]), and
+    /// writes them with the next frames, or in [`Wire::flush_tail`].
+    pub fn may_keep_tail(&self) -> bool {
+        self.keep_tail
+    }
+
     /// For a write the peer does not drain: run the heartbeat check now
     /// (see [`Driver::check_heartbeat`]).
     pub fn check_heartbeat(&self) -> Result<(), ConnError> {
@@ -218,7 +243,7 @@ impl Driver {
         // task again.
         shared.scheduled.store(IDLE, Ordering::SeqCst);
         let Some(wire) = shared.wire.0.get() else { return Writing::Finished };
-        let ctx = WireCtx { shared };
+        let ctx = WireCtx::new(shared);
         let Some(mut w) = self.take_wire_for_engine(wire) else {
             return Writing::Idle { next: self.heartbeat_deadline() };
         };
@@ -298,7 +323,9 @@ impl Driver {
                 return Some(Written::Backlog);
             }
             if shared.nothing_to_write() {
-                break;
+                // A sending thread wrote meanwhile, and may have kept a
+                // tail back for this writer.
+                return Some(self.drained(&mut **w, ctx));
             }
             written = 0;
             res = self.write_queued(&mut **w, ctx, false, &mut written);
@@ -342,10 +369,28 @@ impl Driver {
         let Some(mut w) = try_wire(wire) else { return false };
         // What is left (a backlog, the end) is the engine's to act on: the
         // wire wakes it for a backlog, a failure or the end does too.
-        let _ = self.write_queued(&mut **w, &WireCtx { shared }, false, &mut 0);
+        // A stream's ring: the bytes past its last whole packet may wait
+        // for the next frames (the wire kicks the engine for them).
+        let ctx = WireCtx { keep_tail: true, ..WireCtx::new(shared) };
+        let _ = self.write_queued(&mut **w, &ctx, false, &mut 0);
         drop(w);
         shared.hand_writer_back();
         true
+    }
+
+    /// Nothing more is queued: the engine's writer sends what a sending
+    /// thread's write kept back (see [`WireCtx::may_keep_tail`]).
+    fn drained(&self, w: &mut dyn Wire, ctx: &WireCtx<'_>) -> Written {
+        if !ctx.keep_tail {
+            if let Err(e) = w.flush_tail(ctx) {
+                self.fail(e);
+                return Written::Stop;
+            }
+            if w.backlog() {
+                return Written::Backlog;
+            }
+        }
+        Written::Drained
     }
 
     /// Stamp and write, through `w` (whose lock the caller holds), what is
@@ -365,7 +410,7 @@ impl Driver {
             }
             let first = shared.tx.try_pop();
             if first.is_none() && !tick && !shared.maybe_staged() {
-                return Written::Drained;
+                return self.drained(w, ctx);
             }
             tick = false;
             // A driver that does not own the queue's end (a sending
@@ -482,7 +527,7 @@ impl Shared {
         drop(st);
         let mut frame =
             Frame { header: stamp.header(FrameKind::Data, buf.len() as u64), payload: Some(buf), tag: 0 };
-        let res = w.write(std::slice::from_mut(&mut frame), &WireCtx { shared: self });
+        let res = w.write(std::slice::from_mut(&mut frame), &WireCtx::new(self));
         drop(w);
         self.hand_writer_back();
         drop(frame);

@@ -54,6 +54,11 @@ pub(super) struct TcpWire {
     pieces: VecDeque<Piece>,
     /// Bytes of the front payload piece already written.
     payload_sent: usize,
+    /// Bytes in the backlog not yet written.
+    left: usize,
+    /// The backlog is a tail kept back on purpose (see
+    /// [`WireCtx::may_keep_tail`]), not what a full socket refused.
+    kept: bool,
 }
 
 /// The size of the packets the kernel builds for `sock` now: the most
@@ -107,10 +112,13 @@ impl TcpWire {
             // for a window of 64 up front, more only for a backlog.
             pieces: VecDeque::with_capacity(2 * window.min(64) + 8),
             payload_sent: 0,
+            left: 0,
+            kept: false,
         }
     }
 
     fn stage(&mut self, bytes: &[u8]) {
+        self.left += bytes.len();
         self.staging.extend_from_slice(bytes);
         match self.pieces.back_mut() {
             Some(Piece::Staged(n)) => *n += bytes.len(),
@@ -118,18 +126,33 @@ impl TcpWire {
         }
     }
 
+    fn push_payload(&mut self, p: Buf) {
+        self.left += p.len();
+        self.pieces.push_back(Piece::Payload(p));
+    }
+
     /// Write from the front of the backlog until it is empty or the socket
-    /// is full.
-    fn write_out(&mut self) -> Result<(), ConnError> {
+    /// is full; with `keep_tail`, once a packet or more went out, until
+    /// less than a packet is left, which stays, kept back (see
+    /// [`WireCtx::may_keep_tail`]). A write shorter than a packet keeps
+    /// nothing: it would hand all of it to the engine.
+    fn write_out(&mut self, keep_tail: bool) -> Result<(), ConnError> {
         let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+        self.kept = false;
+        let tail = if keep_tail && !self.pieces.is_empty() { packet_size(&self.sock) } else { 0 };
+        let keep_tail = keep_tail && self.left >= tail;
         while let Some(front) = self.pieces.front() {
+            if keep_tail && self.left < tail {
+                self.kept = true;
+                return Ok(());
+            }
             let written = match front {
                 // One run of staged bytes (small frames only): a plain
                 // send, with no vector to build.
-                Piece::Staged(len) if self.pieces.len() == 1 => {
+                Piece::Staged(len) if self.pieces.len() == 1 && !keep_tail => {
                     send(&*self.sock, &self.staging[self.sent..self.sent + len], flags)
                 }
-                _ => self.send_pieces(flags),
+                _ => self.send_pieces(flags, keep_tail),
             };
             match written {
                 Ok(k) => self.advance(k),
@@ -165,9 +188,10 @@ impl TcpWire {
     }
 
     /// One `sendmsg` of up to [`PIECES`] pieces from the front of the
-    /// backlog; with more of it behind them, of whole packets only (see
-    /// [`packet_size`]): the bytes past the last whole one lead the next.
-    fn send_pieces(&self, flags: SendFlags) -> rustix::io::Result<usize> {
+    /// backlog; with more of it behind them, or with `keep_tail`, of whole
+    /// packets only (see [`packet_size`]): the bytes past the last whole
+    /// one lead the next.
+    fn send_pieces(&self, flags: SendFlags, keep_tail: bool) -> rustix::io::Result<usize> {
         let mut slices: [&[u8]; PIECES] = [&[]; PIECES];
         let mut n = 0;
         let mut at = self.sent;
@@ -184,7 +208,7 @@ impl TcpWire {
             total += slices[n].len();
             n += 1;
         }
-        if self.pieces.len() > n {
+        if self.pieces.len() > n || keep_tail {
             n = whole_packets(&mut slices[..n], total, packet_size(&self.sock));
         }
         let iov: [IoSlice<'_>; PIECES] = slices.map(IoSlice::new);
@@ -193,6 +217,7 @@ impl TcpWire {
 
     /// `k` bytes from the front of the backlog were written.
     fn advance(&mut self, mut k: usize) {
+        self.left -= k;
         while k > 0 {
             let Some(front) = self.pieces.front_mut() else { return };
             match front {
@@ -266,29 +291,42 @@ impl Wire for TcpWire {
             for f in frames.iter_mut() {
                 self.stage(&f.header.encode());
                 match f.payload.take() {
-                    Some(p) if p.len() > COPY_MAX => self.pieces.push_back(Piece::Payload(p)),
+                    Some(p) if p.len() > COPY_MAX => self.push_payload(p),
                     Some(p) => self.stage(&p),
                     None => {}
                 }
             }
-            self.write_out()
+            self.write_out(ctx.may_keep_tail())
         };
         if let Err(e) = res {
             return Err(self.failed(ctx, e));
         }
-        if was_empty && !self.pieces.is_empty() {
-            // The socket is full: the engine flushes the rest.
+        if self.kept || (was_empty && !self.pieces.is_empty()) {
+            // The socket is full, or a tail is kept back: the engine
+            // writes the rest.
             ctx.kick();
         }
         Ok(())
     }
 
     fn backlog(&self) -> bool {
-        !self.pieces.is_empty()
+        !self.pieces.is_empty() && !self.kept
     }
 
+    /// A tail kept back stays for the frames the writer sends next, or for
+    /// [`Wire::flush_tail`].
     fn flush(&mut self, ctx: &WireCtx<'_>) -> Result<(), ConnError> {
-        self.write_out().map_err(|e| self.failed(ctx, e))
+        if self.kept {
+            return Ok(());
+        }
+        self.write_out(false).map_err(|e| self.failed(ctx, e))
+    }
+
+    fn flush_tail(&mut self, ctx: &WireCtx<'_>) -> Result<(), ConnError> {
+        if !self.kept {
+            return Ok(());
+        }
+        self.write_out(false).map_err(|e| self.failed(ctx, e))
     }
 }
 
@@ -322,34 +360,69 @@ mod tests {
     }
 
     #[test]
-    fn a_long_backlog_cut_at_packets_arrives_whole_and_in_order() {
+    fn a_kept_tail_is_short_of_a_packet_and_goes_out_only_when_flushed() {
+        let (mut wire, peer, pool) = connected();
+        let mut expected = Vec::new();
+        for i in 0..100u32 {
+            expected.extend(frame(&mut wire, &pool, i));
+        }
+        let reader = drain(peer);
+        while wire.backlog() {
+            wire.write_out(true).unwrap();
+        }
+        // All but a tail short of a packet went out; the tail is no backlog.
+        assert!(wire.left < packet_size(&wire.sock), "kept {} bytes", wire.left);
+        assert_eq!(wire.kept, wire.left > 0);
+        assert!(!wire.backlog());
+        wire.write_out(false).unwrap();
+        assert!(!wire.kept && wire.left == 0 && wire.pieces.is_empty());
+        wire.sock.shutdown(Shutdown::Write).unwrap();
+        assert!(reader.join().unwrap() == expected, "the bytes arrived changed or out of order");
+    }
+
+    /// A wire on a loopback connection, the connection's other end, a pool.
+    fn connected() -> (TcpWire, TcpStream, Pool) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let sock = Socket::from(TcpStream::connect(listener.local_addr().unwrap()).unwrap());
         sock.set_nodelay(true).unwrap();
-        let (mut peer, _) = listener.accept().unwrap();
-        let pool = Pool::unregistered(PoolConfig::default()).unwrap();
-        let mut wire = TcpWire::new(Arc::new(sock), 64);
-        // 300 frames of a 16-byte header and 4 KiB numbered payloads:
-        // many calls, each cut inside a payload or a header.
-        let mut expected = Vec::new();
-        for i in 0..300u32 {
-            let header = [i as u8; 16];
-            let mut buf = pool.alloc(4096, Wait::No).unwrap();
-            buf.spare_capacity()[..4096].fill((i % 251) as u8);
-            buf.spare_capacity()[..4].copy_from_slice(&i.to_le_bytes());
-            buf.set_len(4096);
-            expected.extend_from_slice(&header);
-            expected.extend_from_slice(&buf);
-            wire.stage(&header);
-            wire.pieces.push_back(Piece::Payload(buf));
-        }
-        let reader = std::thread::spawn(move || {
+        let (peer, _) = listener.accept().unwrap();
+        (TcpWire::new(Arc::new(sock), 64), peer, Pool::unregistered(PoolConfig::default()).unwrap())
+    }
+
+    /// Put frame `i` (a 16-byte header, a numbered 4 KiB payload) in the
+    /// backlog; its bytes.
+    fn frame(wire: &mut TcpWire, pool: &Pool, i: u32) -> Vec<u8> {
+        let header = [i as u8; 16];
+        let mut buf = pool.alloc(4096, Wait::No).unwrap();
+        buf.spare_capacity()[..4096].fill((i % 251) as u8);
+        buf.spare_capacity()[..4].copy_from_slice(&i.to_le_bytes());
+        buf.set_len(4096);
+        let bytes = [&header[..], &buf[..]].concat();
+        wire.stage(&header);
+        wire.push_payload(buf);
+        bytes
+    }
+
+    /// Everything `peer` reads until the end of the stream.
+    fn drain(mut peer: TcpStream) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
             let mut got = Vec::new();
             peer.read_to_end(&mut got).unwrap();
             got
-        });
+        })
+    }
+
+    #[test]
+    fn a_long_backlog_cut_at_packets_arrives_whole_and_in_order() {
+        let (mut wire, peer, pool) = connected();
+        // 300 frames: many calls, each cut inside a payload or a header.
+        let mut expected = Vec::new();
+        for i in 0..300u32 {
+            expected.extend(frame(&mut wire, &pool, i));
+        }
+        let reader = drain(peer);
         while wire.backlog() {
-            wire.write_out().unwrap();
+            wire.write_out(false).unwrap();
         }
         wire.sock.shutdown(Shutdown::Write).unwrap();
         let got = reader.join().unwrap();

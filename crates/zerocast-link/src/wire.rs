@@ -48,10 +48,12 @@ pub(crate) const DIRECT_MAX_OUTSTANDING: u32 = 4;
 /// frame comes within [`STREAM_GAP`] of the one before: then it queues.
 pub(crate) const DIRECT_LARGE: usize = 16 * 1024;
 
-/// Large frames sent closer together than this are a stream, which a wire
-/// that batches them ([`Wire::batches_large_frames`]) writes several at a
-/// time. One that comes after a longer pause goes out from its sender at
-/// once, without waiting for the engine: a slow stream keeps its latency.
+/// A sender that pauses less than this between large frames (from the
+/// end of the last one's write, or from its queueing, to the next send)
+/// streams them, and a wire that batches them
+/// ([`Wire::batches_large_frames`]) writes several at a time. One that
+/// comes after a longer pause goes out from its sender at once, without
+/// waiting for the engine: a slow stream keeps its latency.
 pub(crate) const STREAM_GAP: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// Times the engine's writer gives its core away, at most, after it wrote
@@ -205,10 +207,17 @@ enum Written {
 
 pub(crate) type WireLock = Mutex<Box<dyn Wire>>;
 
+/// Whether a frame of `len` bytes written directly on `shared` is timed
+/// for [`STREAM_GAP`] (see [`Shared::large_alone`]).
+fn large_timed(shared: &Shared, len: usize) -> bool {
+    len >= DIRECT_LARGE && shared.large_batched.load(Ordering::Relaxed)
+}
+
 /// Whether a large frame sent at `now`, with `rx` the next sequence number
 /// expected from the peer, continues a stream whose last large frame was
 /// sent at `last` (when `rx` was as given there): nothing came in between,
-/// and it is within [`STREAM_GAP`] of that one.
+/// and it is within [`STREAM_GAP`] of that one (of the end of its write,
+/// if its sender wrote it).
 fn in_stream(last: Option<(Instant, u32)>, now: Instant, rx: u32) -> bool {
     last.is_some_and(|(t, seen)| seen == rx && now.saturating_duration_since(t) < STREAM_GAP)
 }
@@ -525,6 +534,7 @@ impl Shared {
             }
         }
         drop(st);
+        let timed = large_timed(self, buf.len());
         let mut frame =
             Frame { header: stamp.header(FrameKind::Data, buf.len() as u64), payload: Some(buf), tag: 0 };
         let res = w.write(std::slice::from_mut(&mut frame), &WireCtx::new(self));
@@ -533,6 +543,12 @@ impl Shared {
         drop(frame);
         if let Err(e) = res {
             self.fail(&mut self.lock(), e);
+        } else if timed {
+            // A stream's gap is the sender's pause between frames, which
+            // begins once this one is written (a large write takes long).
+            if let Some((at, _)) = &mut self.lock().last_large {
+                *at = Instant::now();
+            }
         }
     }
 }

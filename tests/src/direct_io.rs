@@ -49,26 +49,46 @@ pub fn ping_pong_is_written_by_the_caller(t: &Transport, rounds: u64, drained: i
 /// the writer's batches (the engine's, or RC's writer thread's), and all
 /// arrive in order.
 pub fn a_burst_goes_through_the_writer(t: &Transport, n: u64, drained: impl Fn(&Transport)) {
+    stream_through_the_writer(t, n, 64, drained);
+}
+
+/// `n` messages of `size` bytes sent back to back, the sequence number at
+/// both ends of each (a message cut or spliced at a packet boundary
+/// shows): all arrive in order, and past the first few they queue for the
+/// writer's batches rather than go out one by one from the sender.
+fn stream_through_the_writer(t: &Transport, n: u64, size: usize, drained: impl Fn(&Transport)) {
     let (client, server) = t.pair();
     let reader = thread::spawn(move || {
         let mut next = 0u64;
         while let Ok(m) = server.recv() {
-            assert_eq!(u64::from_le_bytes(m[..8].try_into().unwrap()), next);
+            assert_eq!(stamp_of(&m), (next, next), "message {next} of {} bytes", m.len());
+            assert_eq!(m.len(), size);
             next += 1;
         }
         next
     });
     for i in 0..n {
-        let mut b = client.alloc(64).expect("alloc");
-        b[..8].copy_from_slice(&i.to_le_bytes());
-        client.send(b).expect("send");
+        send_stamped(&client, i, size);
     }
     let stats = client.stats();
     client.close();
     assert_eq!(reader.join().expect("reader"), n);
-    // Once frames are in flight, sends queue for the writer's batches.
     assert!(stats.direct_sends < n / 2, "{stats:?}");
     drained(t);
+}
+
+/// Send message `i` of `size` bytes (at least 16), its number at both ends.
+fn send_stamped(client: &zerocast::Connection, i: u64, size: usize) {
+    let mut b = client.alloc(size).expect("alloc");
+    b[..8].copy_from_slice(&i.to_le_bytes());
+    b[size - 8..].copy_from_slice(&i.to_le_bytes());
+    client.send(b).expect("send");
+}
+
+/// The numbers at the two ends of a message of [`send_stamped`].
+fn stamp_of(m: &[u8]) -> (u64, u64) {
+    let at = |r: std::ops::Range<usize>| u64::from_le_bytes(m[r].try_into().unwrap());
+    (at(0..8), at(m.len() - 8..m.len()))
 }
 
 /// Ping-pong of `size`-byte messages, each held until its reply is out, so
@@ -108,40 +128,17 @@ pub fn large_replies_are_written_by_the_caller(
 
 /// A one-way stream of `n` large messages of `size` bytes: on a byte
 /// stream they go out several per write (so writes end in whole packets),
-/// not one by one from the sender, and all arrive whole and in order.
+/// not one by one from the sender (who does nothing else, so its messages
+/// come close together: filling each one here would make a slow stream).
+/// Past the first few, each comes close behind the last with nothing from
+/// the peer between (but a credit frame now and then).
 pub fn a_stream_of_large_messages_is_batched(
     t: &Transport,
     n: u64,
     size: usize,
     drained: impl Fn(&Transport),
 ) {
-    let (client, server) = t.pair();
-    let reader = thread::spawn(move || {
-        let mut next = 0u64;
-        while let Ok(m) = server.recv() {
-            // The sequence number at both ends: a message cut or spliced
-            // at a packet boundary shows.
-            let (head, tail) = (&m[..8], &m[size - 8..]);
-            assert_eq!((m.len(), head, tail), (size, &next.to_le_bytes()[..], &next.to_le_bytes()[..]));
-            next += 1;
-        }
-        next
-    });
-    // The sender does nothing else, so its messages come close together
-    // (filling all of each one here would space them out: a slow stream).
-    for i in 0..n {
-        let mut b = client.alloc(size).expect("alloc");
-        b[..8].copy_from_slice(&i.to_le_bytes());
-        b[size - 8..].copy_from_slice(&i.to_le_bytes());
-        client.send(b).expect("send");
-    }
-    let stats = client.stats();
-    client.close();
-    assert_eq!(reader.join().expect("reader"), n);
-    // Past the first few, each comes close behind the last with nothing
-    // from the peer between (but a credit frame now and then).
-    assert!(stats.direct_sends < n / 2, "{stats:?}");
-    drained(t);
+    stream_through_the_writer(t, n, size, drained);
 }
 
 /// A stream of `n` messages of `size` bytes that then stops, the
@@ -157,16 +154,13 @@ pub fn a_stream_that_stops_arrives_whole_before_the_close(
 ) {
     let (client, server) = t.pair();
     for i in 0..n {
-        let mut b = client.alloc(size).expect("alloc");
-        b[..8].copy_from_slice(&i.to_le_bytes());
-        b[size - 8..].copy_from_slice(&i.to_le_bytes());
-        client.send(b).expect("send");
+        send_stamped(&client, i, size);
     }
     for i in 0..n {
         let m = server
             .recv_timeout(Duration::from_secs(10))
             .unwrap_or_else(|e| panic!("message {i} of {n}: {e}"));
-        assert_eq!((&m[..8], &m[size - 8..]), (&i.to_le_bytes()[..], &i.to_le_bytes()[..]), "message {i}");
+        assert_eq!(stamp_of(&m), (i, i), "message {i}");
     }
     client.close();
     assert!(matches!(server.recv_timeout(Duration::from_secs(10)), Err(RecvError::Disconnected)));

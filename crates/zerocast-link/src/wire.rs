@@ -45,7 +45,7 @@ pub(crate) const DIRECT_MAX_OUTSTANDING: u32 = 4;
 /// is free, however many are in flight: it is one write of its own in any
 /// batch, so a hand-off to the engine would only add a wake-up. Unless the
 /// wire batches large frames ([`Wire::batches_large_frames`]) and the
-/// frame comes within [`STREAM_GAP`] of the one before: then it queues.
+/// frame is part of a stream ([`STREAM_GAP`]): then it queues.
 pub(crate) const DIRECT_LARGE: usize = 16 * 1024;
 
 /// A sender that pauses less than this between large frames (from the
@@ -81,12 +81,13 @@ pub trait Wire: Send {
 
     /// Whether a stream of large frames goes out faster several per write
     /// than one by one: a byte stream's does, whose every write ends in a
-    /// short packet (see the TCP writer). Then such frames, under load
-    /// and close together (within 50 µs, with nothing from the peer
-    /// between), queue for the writer's batches. `false`, the default: a sending thread writes each large
-    /// frame itself whenever the wire is free (an RDMA send queue, where
-    /// each is a work request of its own anyway). Asked once, when the
-    /// wire is attached.
+    /// short packet (see the TCP writer). Then such frames, under load and
+    /// close together (their sender paused less than 50 µs, and nothing
+    /// came from the peer between), queue for the writer's batches.
+    /// `false`, the default: a sending thread writes each large frame
+    /// itself whenever the wire is free (an RDMA send queue, where each is
+    /// a work request of its own anyway). Asked once, when the wire is
+    /// attached.
     fn batches_large_frames(&self) -> bool {
         false
     }
@@ -427,7 +428,14 @@ impl Driver {
             match self.fill_from(first, &mut batch, true) {
                 Fill::Ready => {}
                 Fill::Empty => continue,
-                Fill::Stop => return Written::Stop,
+                // A tail kept back goes out before the writer stops: it
+                // may hold the last frames, the goodbye among them.
+                Fill::Stop => {
+                    return match self.drained(w, ctx) {
+                        Written::Backlog => Written::Backlog,
+                        _ => Written::Stop,
+                    };
+                }
             }
             *written += batch.frames.len() + usize::from(!batch.bytes.is_empty());
             let crate::driver::Batch { bytes, frames } = &mut *batch;

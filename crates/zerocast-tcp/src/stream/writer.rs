@@ -361,12 +361,7 @@ mod tests {
 
     #[test]
     fn a_kept_tail_is_short_of_a_packet_and_goes_out_only_when_flushed() {
-        let (mut wire, peer, pool) = connected();
-        let mut expected = Vec::new();
-        for i in 0..100u32 {
-            expected.extend(frame(&mut wire, &pool, i));
-        }
-        let reader = drain(peer);
+        let (mut wire, reader, expected) = backlogged(100);
         while wire.backlog() {
             wire.write_out(true).unwrap();
         }
@@ -380,13 +375,18 @@ mod tests {
         assert!(reader.join().unwrap() == expected, "the bytes arrived changed or out of order");
     }
 
-    /// A wire on a loopback connection, the connection's other end, a pool.
-    fn connected() -> (TcpWire, TcpStream, Pool) {
+    /// A wire on a loopback connection with `n` frames in its backlog, a
+    /// thread reading the other end to its end of stream, and the bytes
+    /// it should read.
+    fn backlogged(n: u32) -> (TcpWire, std::thread::JoinHandle<Vec<u8>>, Vec<u8>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let sock = Socket::from(TcpStream::connect(listener.local_addr().unwrap()).unwrap());
         sock.set_nodelay(true).unwrap();
         let (peer, _) = listener.accept().unwrap();
-        (TcpWire::new(Arc::new(sock), 64), peer, Pool::unregistered(PoolConfig::default()).unwrap())
+        let mut wire = TcpWire::new(Arc::new(sock), 64);
+        let pool = Pool::unregistered(PoolConfig::default()).unwrap();
+        let expected = (0..n).flat_map(|i| frame(&mut wire, &pool, i)).collect();
+        (wire, drain(peer), expected)
     }
 
     /// Put frame `i` (a 16-byte header, a numbered 4 KiB payload) in the
@@ -414,13 +414,8 @@ mod tests {
 
     #[test]
     fn a_long_backlog_cut_at_packets_arrives_whole_and_in_order() {
-        let (mut wire, peer, pool) = connected();
         // 300 frames: many calls, each cut inside a payload or a header.
-        let mut expected = Vec::new();
-        for i in 0..300u32 {
-            expected.extend(frame(&mut wire, &pool, i));
-        }
-        let reader = drain(peer);
+        let (mut wire, reader, expected) = backlogged(300);
         while wire.backlog() {
             wire.write_out(false).unwrap();
         }

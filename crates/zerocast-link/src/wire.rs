@@ -208,8 +208,9 @@ enum Written {
 
 pub(crate) type WireLock = Mutex<Box<dyn Wire>>;
 
-/// Whether a frame of `len` bytes written directly on `shared` is timed
-/// for [`STREAM_GAP`] (see [`Shared::large_alone`]).
+/// Whether a frame of `len` bytes on `shared` is timed for [`STREAM_GAP`]:
+/// it is large and the wire batches large frames (see
+/// [`Shared::large_alone`], and the end of [`Shared::write_direct`]).
 fn large_timed(shared: &Shared, len: usize) -> bool {
     len >= DIRECT_LARGE && shared.large_batched.load(Ordering::Relaxed)
 }
@@ -508,11 +509,8 @@ impl Shared {
     /// a round trip from the last, and batching would only delay them).
     #[inline]
     fn large_alone(&self, st: &mut State, len: usize) -> bool {
-        if len < DIRECT_LARGE {
-            return false;
-        }
-        if !self.large_batched.load(Ordering::Relaxed) {
-            return true;
+        if !large_timed(self, len) {
+            return len >= DIRECT_LARGE;
         }
         let (now, rx) = (Instant::now(), st.credits.next_rx_seq());
         let stream = in_stream(st.last_large, now, rx);

@@ -64,7 +64,8 @@ pub(super) struct TcpWire {
 /// The size of the packets the kernel builds for `sock` now: the most
 /// whole segments that fit in [`GSO_MAX`], and at least one. The segment
 /// (`TCP_MAXSEG`) changes as the connection goes: the kernel holds it to
-/// half the largest window the peer has offered, so it is asked each time.
+/// half the largest window the peer has offered, so it is asked at each
+/// write that may cut its bytes.
 ///
 /// A write's bytes past its last whole packet go out at once as a short
 /// packet of their own (the socket has `TCP_NODELAY`), which costs both
@@ -139,7 +140,11 @@ impl TcpWire {
     fn write_out(&mut self, keep_tail: bool) -> Result<(), ConnError> {
         let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
         self.kept = false;
-        let tail = if keep_tail && !self.pieces.is_empty() { packet_size(&self.sock) } else { 0 };
+        // Asked once a call, and only when a cut may come: a tail to keep,
+        // or more pieces than one `sendmsg` takes (the count only falls).
+        let packet = (!self.pieces.is_empty() && (keep_tail || self.pieces.len() > PIECES))
+            .then(|| packet_size(&self.sock));
+        let tail = if keep_tail { packet.unwrap_or(0) } else { 0 };
         let keep_tail = keep_tail && self.left >= tail;
         while let Some(front) = self.pieces.front() {
             if keep_tail && self.left < tail {
@@ -152,7 +157,7 @@ impl TcpWire {
                 Piece::Staged(len) if self.pieces.len() == 1 && !keep_tail => {
                     send(&*self.sock, &self.staging[self.sent..self.sent + len], flags)
                 }
-                _ => self.send_pieces(flags, keep_tail),
+                _ => self.send_pieces(flags, keep_tail, packet),
             };
             match written {
                 Ok(k) => self.advance(k),
@@ -189,9 +194,14 @@ impl TcpWire {
 
     /// One `sendmsg` of up to [`PIECES`] pieces from the front of the
     /// backlog; with more of it behind them, or with `keep_tail`, of whole
-    /// packets only (see [`packet_size`]): the bytes past the last whole
-    /// one lead the next.
-    fn send_pieces(&self, flags: SendFlags, keep_tail: bool) -> rustix::io::Result<usize> {
+    /// `packet`s only (see [`packet_size`], asked whenever either may
+    /// come): the bytes past the last whole one lead the next.
+    fn send_pieces(
+        &self,
+        flags: SendFlags,
+        keep_tail: bool,
+        packet: Option<usize>,
+    ) -> rustix::io::Result<usize> {
         let mut slices: [&[u8]; PIECES] = [&[]; PIECES];
         let mut n = 0;
         let mut at = self.sent;
@@ -208,8 +218,8 @@ impl TcpWire {
             total += slices[n].len();
             n += 1;
         }
-        if self.pieces.len() > n || keep_tail {
-            n = whole_packets(&mut slices[..n], total, packet_size(&self.sock));
+        if let Some(packet) = packet.filter(|_| self.pieces.len() > n || keep_tail) {
+            n = whole_packets(&mut slices[..n], total, packet);
         }
         let iov: [IoSlice<'_>; PIECES] = slices.map(IoSlice::new);
         sendmsg(&*self.sock, &iov[..n], &mut SendAncillaryBuffer::default(), flags)

@@ -22,7 +22,7 @@
 //! first frame is staged and never grown: the one senders fill, and the
 //! one the writer swapped out last. A frame that does not fit is queued as usual
 //! (and frames after it queue behind it until the queue drains), and a
-//! sender that finds four rings' worth staged writes them itself when the
+//! sender that finds eight rings' worth staged writes them itself when the
 //! wire is free. So staging allocates nothing per message.
 
 use std::sync::atomic::Ordering;
@@ -34,11 +34,12 @@ use zerocast_mem::Buf;
 use crate::shared::{Shared, State};
 
 /// A sender that staged this many frames (or [`FLUSH_BYTES`]) writes the
-/// area itself when the wire is free. Four rings' worth: a stream of small
-/// frames then goes out in writes of about 16 KiB (256 frames of 64
-/// bytes), where the system call and the loopback's or the NIC's
-/// per-segment work are paid once for many messages.
-pub(crate) const FLUSH_FRAMES: u32 = 4 * crate::queue::FAST as u32;
+/// area itself when the wire is free. Eight rings' worth: a stream of small
+/// frames then goes out in writes of about 32 KiB (the bytes bound it
+/// first at 64-byte payloads, at 455 frames), where the system call and
+/// the loopback's or the NIC's per-segment work are paid once for many
+/// messages, and the peer's reads take as many at a time.
+pub(crate) const FLUSH_FRAMES: u32 = 8 * crate::queue::FAST as u32;
 
 /// Bytes staged past which the sender writes them itself.
 const FLUSH_BYTES: usize = CAP / 2;

@@ -7,6 +7,7 @@
 use std::collections::VecDeque;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -20,6 +21,11 @@ use crate::{Driver, Link, Notify, Pumped, Source};
 /// ([`Driver::read_again`], as an RDMA source that left its CQ unarmed).
 type Batch = (std::ops::Range<u32>, bool);
 
+/// Where the next pump stops, once, after it has looked at its script: it
+/// says so on the first and waits on the second to let go, as a pump that
+/// looked before news came and still holds the source.
+type Hold = Arc<Mutex<Option<(Sender<()>, Receiver<()>)>>>;
+
 /// A test double for a backend's read path: each pump hands the driver
 /// the next scripted batch of data frames, numbered in order.
 struct Scripted {
@@ -27,12 +33,18 @@ struct Scripted {
     batches: Arc<Mutex<VecDeque<Batch>>>,
     pumps: Arc<AtomicUsize>,
     hints: Arc<AtomicUsize>,
+    hold: Hold,
 }
 
 impl Source for Scripted {
     fn pump(&mut self, driver: &Driver, _until: Option<Instant>) -> Pumped {
         self.pumps.fetch_add(1, Ordering::SeqCst);
-        let Some((batch, again)) = self.batches.lock().unwrap().pop_front() else { return Pumped::Idle };
+        let next = self.batches.lock().unwrap().pop_front();
+        if let Some((entered, release)) = self.hold.lock().unwrap().take() {
+            entered.send(()).unwrap();
+            release.recv().unwrap();
+        }
+        let Some((batch, again)) = next else { return Pumped::Idle };
         if again {
             driver.read_again();
         }
@@ -65,6 +77,7 @@ struct Fixture {
     batches: Arc<Mutex<VecDeque<Batch>>>,
     pumps: Arc<AtomicUsize>,
     hints: Arc<AtomicUsize>,
+    hold: Hold,
     notified: Arc<Count>,
 }
 
@@ -72,19 +85,38 @@ impl Fixture {
     /// A link whose source has a descriptor (`with_fd`), not yet registered.
     fn new(with_fd: bool) -> Self {
         let (link, driver, pool) = crate::test_link();
-        let (batches, pumps, hints) = (Arc::default(), Arc::default(), Arc::default());
+        let (batches, pumps, hints, hold) = (Arc::default(), Arc::default(), Arc::default(), Hold::default());
         let source = Scripted {
             pool,
             batches: Arc::clone(&batches),
             pumps: Arc::clone(&pumps),
             hints: Arc::clone(&hints),
+            hold: Arc::clone(&hold),
         };
         driver.install_source(Box::new(source));
         if with_fd {
             let (a, _b) = UnixStream::pair().unwrap();
             driver.set_source_fd(Arc::new(a));
         }
-        Self { link, driver, batches, pumps, hints, notified: Arc::default() }
+        Self { link, driver, batches, pumps, hints, hold, notified: Arc::default() }
+    }
+
+    /// The engine's pump (at its timer), on another thread, stopped while
+    /// it holds the source, having found nothing: `let_go` lets it return.
+    fn engine_pump_held(&self) -> impl FnOnce() {
+        let ((entered, at_hold), (let_go, release)) = (channel(), channel());
+        *self.hold.lock().unwrap() = Some((entered, release));
+        let driver = self.driver.clone();
+        let engine = std::thread::spawn(move || driver.try_pump(None));
+        at_hold.recv().unwrap();
+        move || {
+            let_go.send(()).unwrap();
+            assert_eq!(engine.join().unwrap(), Some(Pumped::Idle));
+        }
+    }
+
+    fn notified(&self) -> usize {
+        self.notified.0.load(Ordering::SeqCst)
     }
 
     fn direct() -> Self {
@@ -295,5 +327,37 @@ fn a_credit_waiter_on_a_shared_source_pumps_on_its_signal() {
     assert!(!a.link.pump_for_credit(), "no signal");
     a.driver.signal().raise();
     assert!(a.link.pump_for_credit());
+    assert_eq!(a.seq(), 0);
+}
+
+#[test]
+fn news_that_finds_the_engine_pumping_wakes_the_task_once_the_engine_lets_go() {
+    let (a, _b, _channel) = shared_pair();
+    assert!(matches!(a.link.try_recv(), Err(RecvError::Empty)), "armed now");
+    // The engine pumps at its timer and looks before news comes; the news
+    // (the completion channel's event, spent) wakes the task, whose look
+    // finds the source held.
+    let let_go = a.engine_pump_held();
+    a.script(0..1);
+    a.driver.signal().raise();
+    assert_eq!(a.notified(), 1);
+    assert!(matches!(a.link.try_recv(), Err(RecvError::Empty)), "the source is held");
+    let_go();
+    assert_eq!(a.notified(), 2, "the task is woken again once the engine lets go");
+    assert_eq!(a.seq(), 0, "and its look reads the news");
+}
+
+#[test]
+fn a_credit_waiter_that_finds_the_engine_pumping_is_woken_once_it_lets_go() {
+    let (a, _b, _channel) = shared_pair();
+    assert!(matches!(a.link.try_recv(), Err(RecvError::Empty)), "armed now");
+    let let_go = a.engine_pump_held();
+    a.script(0..1);
+    a.driver.signal().raise();
+    assert!(a.link.pump_for_credit(), "it tried");
+    let before = a.notified();
+    let_go();
+    assert_eq!(a.notified(), before + 1, "the waiters are woken once the engine lets go");
+    assert!(a.link.pump_for_credit(), "the hint stayed up for their next look");
     assert_eq!(a.seq(), 0);
 }

@@ -498,10 +498,13 @@ impl Link {
                 },
                 OwnPump::Pumped(Some(Pumped::Idle)) => return None,
                 // Another thread pumps (the engine at its timer): the hint
-                // stays for the next look, and its deliveries are reported.
+                // stays, its deliveries are reported, and it wakes the
+                // tasks when it lets go; if it let go already, pump again.
                 OwnPump::Pumped(None) => {
                     self.shared.source_hint.store(true, Ordering::Release);
-                    return None;
+                    if self.reader.await_direct_handback() {
+                        return None;
+                    }
                 }
             }
         }
@@ -518,9 +521,12 @@ impl Link {
             return false;
         }
         self.shared.claim();
-        let pumped = self.reader.pump_as(None, false, Awaited::Nothing);
-        if pumped.is_none() {
+        // Held by another thread: as in `pump_directly`.
+        while self.reader.pump_as(None, false, Awaited::Nothing).is_none() {
             self.shared.source_hint.store(true, Ordering::Release);
+            if self.reader.await_direct_handback() {
+                break;
+            }
         }
         self.return_credits();
         true

@@ -160,6 +160,10 @@ pub(crate) struct Shared {
     /// The engine found the source held by an application thread, which
     /// wakes it when it lets go.
     pub(crate) handback: AtomicBool,
+    /// An application thread reading directly found the source held by
+    /// another thread, which wakes the connection's tasks when it lets go
+    /// (see [`crate::Driver::await_direct_handback`]).
+    pub(crate) direct_handback: AtomicBool,
     /// The batch an engine's writer, or a sending thread writing for it
     /// ([`crate::Driver::write_queued_here`]), fills; locked only by the
     /// thread holding the wire.
@@ -258,6 +262,7 @@ impl Shared {
             writer_wanted: AtomicBool::new(false),
             claimed: AtomicBool::new(false),
             handback: AtomicBool::new(false),
+            direct_handback: AtomicBool::new(false),
             source_wakes: AtomicBool::new(false),
             interrupt_watched: AtomicBool::new(false),
             queue_waiters: AtomicUsize::new(0),

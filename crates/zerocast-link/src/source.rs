@@ -11,7 +11,7 @@
 //! data for a busy application still arrive).
 
 use std::os::fd::AsFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex, TryLockError, Weak};
 use std::time::Instant;
 
@@ -286,7 +286,45 @@ impl Driver {
             // again now.
             self.shared.wake_engine();
         }
+        if r.is_some() && self.reads_directly() {
+            self.hand_back_direct();
+        }
         r
+    }
+
+    /// For an application thread that reads directly, after its pump
+    /// found the source held by another thread (the engine at its timer,
+    /// another task's pump): that thread wakes the connection's tasks when
+    /// it lets go. It may have looked before the news that sent this one
+    /// here came, and that news (an edge, a completion channel's event) is
+    /// spent: nothing else would announce it. `false` if it let go
+    /// meanwhile (pump again).
+    pub(crate) fn await_direct_handback(&self) -> bool {
+        self.shared.direct_handback.store(true, Ordering::SeqCst);
+        // Against the holder's fence in `hand_back_direct`: either it sees
+        // the flag, or this lock finds the source free.
+        fence(Ordering::SeqCst);
+        let Some(src) = self.shared.source.0.get() else { return false };
+        match src.try_lock() {
+            Ok(_) | Err(TryLockError::Poisoned(_)) => {
+                !self.shared.direct_handback.swap(false, Ordering::SeqCst)
+            }
+            Err(TryLockError::WouldBlock) => true,
+        }
+    }
+
+    /// A pump of a source read directly let go of it: if a reader found it
+    /// held meanwhile ([`Driver::await_direct_handback`]), wake the tasks.
+    #[inline]
+    fn hand_back_direct(&self) {
+        fence(Ordering::SeqCst);
+        if self.shared.direct_handback.load(Ordering::Relaxed)
+            && self.shared.direct_handback.swap(false, Ordering::SeqCst)
+        {
+            if let Some(ready) = self.shared.ready.0.get() {
+                ready.delivered_now();
+            }
+        }
     }
 
     /// For a source's wait: what to watch beside its own descriptors, on a

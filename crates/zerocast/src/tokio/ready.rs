@@ -200,10 +200,11 @@ impl Reading {
     /// `poll` (a send, a wait for credit or for the end) again while it is
     /// pending and a read of the source ([`Reading::pump_for_waiter`]) may
     /// have brought what it waits for: no task but the waiting ones reads
-    /// a connection its tasks read. A few reads per poll at most: a read
-    /// that finds the source held by another thread's pump keeps the hint
-    /// for the next look, and that pump's end wakes no one here, so past
-    /// them the task yields (woken at once) rather than spin on a worker.
+    /// a connection its tasks read. A few reads per poll at most (a read
+    /// that finds the source held by another thread's pump keeps the hint,
+    /// and that pump wakes the tasks as it lets go; a read may leave more
+    /// staged): past them the task yields (woken at once) rather than spin
+    /// on a worker.
     pub(crate) fn poll_waiting<T>(
         &self,
         link: &Link,

@@ -472,12 +472,10 @@ impl Link {
             }
         }
         self.return_credits();
-        while ready.arm(|| self.shared.delivered.is_empty()) {
-            if let Some(d) = self.shared.delivered.try_pop() {
-                return self.deliver(d);
-            }
+        match ready.arm_or_take(|| self.shared.delivered.is_empty(), || self.shared.delivered.try_pop()) {
+            Some(d) => self.deliver(d),
+            None => Err(RecvError::Empty),
         }
-        Err(RecvError::Empty)
     }
 
     /// Pump the source for a registration that reads directly: the first

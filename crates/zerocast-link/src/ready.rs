@@ -21,6 +21,13 @@
 //! finds a message after arming takes the flag back (`swap`) before it
 //! takes the message, so a producer that swapped first has told the
 //! notifier and the consumer leaves the message to that report.
+//!
+//! Many consumers (tasks sharing a receiver): the flag one takes back may
+//! be the arm of another, which found the same message after its own arm
+//! and, losing the swap, waits for a report that no producer will make.
+//! So a consumer that took the flag back arms it again once it has its
+//! message ([`Readiness::arm_or_take`]), and reports at once if more is
+//! queued by then.
 
 use std::fmt;
 use std::sync::atomic::{fence, AtomicBool, Ordering};
@@ -96,6 +103,26 @@ impl Readiness {
         fence(Ordering::SeqCst);
         !is_empty() && self.armed.swap(false, Ordering::SeqCst)
     }
+
+    /// The consumer found nothing to take: arm, unless something came
+    /// meanwhile, which `take` then takes. A consumer that took the report
+    /// back arms again for the others (see the module docs).
+    #[inline]
+    pub(crate) fn arm_or_take<T>(
+        &self,
+        is_empty: impl Fn() -> bool,
+        mut take: impl FnMut() -> Option<T>,
+    ) -> Option<T> {
+        while self.arm(&is_empty) {
+            if let Some(taken) = take() {
+                if self.arm(&is_empty) {
+                    self.delivered_now();
+                }
+                return Some(taken);
+            }
+        }
+        None
+    }
 }
 
 #[cfg(test)]
@@ -133,5 +160,34 @@ mod tests {
             let again = link.try_recv().expect_err("the end, for every receiver");
             assert_eq!(again.to_string(), why.to_string());
         }
+    }
+
+    /// Two receivers arm at once and find the same delivery (the end,
+    /// whose report woke both before it came). The one that wins the flag
+    /// takes it; the other, losing the swap, waits: it must be told of
+    /// what comes next, though the winner never looks again (it took the
+    /// end and is gone).
+    #[test]
+    fn a_receiver_that_loses_the_flag_to_another_is_told_of_what_comes_next() {
+        let (link, driver, _pool) = crate::test_link();
+        let told = Arc::new(Count::default());
+        assert!(link.notify_on_ready(told.clone(), 0));
+        let ready = driver.shared.ready.0.get().expect("registered");
+        let queue = &driver.shared.delivered;
+        driver.on_end();
+        assert_eq!(told.0.load(Ordering::SeqCst), 1, "the end is reported");
+        // The loser arms; between its arm and its look, the winner arms,
+        // takes the end and puts it back.
+        let loser = ready.arm_or_take(
+            || {
+                let won = ready.arm_or_take(|| queue.is_empty(), || queue.try_pop());
+                assert!(matches!(won, Some(Delivery::End)));
+                let _ = link.ended();
+                queue.is_empty()
+            },
+            || -> Option<Delivery> { panic!("the loser lost the flag") },
+        );
+        assert!(loser.is_none(), "it waits");
+        assert_eq!(told.0.load(Ordering::SeqCst), 2, "and is told of the end put back");
     }
 }

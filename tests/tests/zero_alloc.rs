@@ -32,10 +32,16 @@ fn block_once(client: &zerocast::Connection, server: &zerocast::Connection) {
 /// `zerocast_link`'s `staged`), which happens only under load: when more
 /// than a few frames are in flight. Whether the bursts of `raw_rounds`
 /// ever get there depends on timing, so a burst of small messages with
-/// none received in between takes each side there once, for sure: a
-/// dozen, within every transport's window of [`WINDOW`] messages.
+/// none received in between takes each side there once, for sure.
+///
+/// The burst is what a sender can count on while its receiver takes
+/// nothing: the window less the credit reserved for credit frames, less
+/// the credits the receiver may still owe from earlier messages, which
+/// wait for its next frame until they reach half its window (an RDMA
+/// receive buffer that its engine reposted after the last reply). A
+/// longer burst from this one thread would wait for them forever.
 fn stage_once(client: &zerocast::Connection, server: &zerocast::Connection) {
-    const BURST: u8 = 12;
+    const BURST: u8 = (WINDOW - 1 - (WINDOW.div_ceil(2) - 1)) as u8;
     let t = Duration::from_secs(10);
     for (from, to) in [(client, server), (server, client)] {
         for i in 0..BURST {

@@ -23,6 +23,13 @@ pub struct LinkConfig {
     /// KiB begun past its first, so 4,096 small messages fly at once at
     /// the default, or 63 of 64 KiB; the budget is raised to twice the
     /// largest message when that is more (see `zerocast_tcp::credits_for`).
+    ///
+    /// Freed buffers go back to the peer on this side's next frame, or in
+    /// a credit frame of their own once half the window is freed. So a
+    /// receiver that sends nothing may keep up to half its window, less
+    /// one, from its peer, which can count on the rest less one credit
+    /// (kept for credit frames): a thread that sends a burst and only then
+    /// receives it on the other end should send no more than that.
     pub recv_window: u32,
     /// Largest message payload, in bytes. Frames announcing more are refused.
     pub max_payload: u64,

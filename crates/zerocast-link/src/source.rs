@@ -279,12 +279,8 @@ impl Driver {
         });
         if background {
             self.shared.bg_pumping.store(false, Ordering::SeqCst);
-        } else if self.shared.handback.load(Ordering::Relaxed)
-            && self.shared.handback.swap(false, Ordering::SeqCst)
-        {
-            // The engine found the source taken by this thread: it reads
-            // again now.
-            self.shared.wake_engine();
+        } else {
+            self.hand_back_engine();
         }
         if r.is_some() && self.reads_directly() {
             self.hand_back_direct();
@@ -305,11 +301,25 @@ impl Driver {
         // the flag, or this lock finds the source free.
         fence(Ordering::SeqCst);
         let Some(src) = self.shared.source.0.get() else { return false };
-        match src.try_lock() {
-            Ok(_) | Err(TryLockError::Poisoned(_)) => {
-                !self.shared.direct_handback.swap(false, Ordering::SeqCst)
-            }
-            Err(TryLockError::WouldBlock) => true,
+        let free = match src.try_lock() {
+            Ok(_) | Err(TryLockError::Poisoned(_)) => true,
+            Err(TryLockError::WouldBlock) => false,
+        };
+        if !free {
+            return true;
+        }
+        // The engine may have found it held by this look.
+        self.hand_back_engine();
+        !self.shared.direct_handback.swap(false, Ordering::SeqCst)
+    }
+
+    /// An application thread let go of the source: if the engine found it
+    /// taken meanwhile ([`Driver::await_handback`]), it reads again now.
+    #[inline]
+    fn hand_back_engine(&self) {
+        if self.shared.handback.load(Ordering::Relaxed) && self.shared.handback.swap(false, Ordering::SeqCst)
+        {
+            self.shared.wake_engine();
         }
     }
 

@@ -499,7 +499,6 @@ impl Link {
                 // stays, its deliveries are reported, and it wakes the
                 // tasks when it lets go; if it let go already, pump again.
                 OwnPump::Pumped(None) => {
-                    self.shared.source_hint.store(true, Ordering::Release);
                     if self.reader.await_direct_handback() {
                         return None;
                     }
@@ -521,7 +520,6 @@ impl Link {
         self.shared.claim();
         // Held by another thread: as in `pump_directly`.
         while self.reader.pump_as(None, false, Awaited::Nothing).is_none() {
-            self.shared.source_hint.store(true, Ordering::Release);
             if self.reader.await_direct_handback() {
                 break;
             }

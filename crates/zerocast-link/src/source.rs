@@ -11,7 +11,7 @@
 //! data for a busy application still arrive).
 
 use std::os::fd::AsFd;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError, Weak};
 use std::time::Instant;
 
@@ -290,27 +290,36 @@ impl Driver {
 
     /// For an application thread that reads directly, after its pump
     /// found the source held by another thread (the engine at its timer,
-    /// another task's pump): that thread wakes the connection's tasks when
-    /// it lets go. It may have looked before the news that sent this one
-    /// here came, and that news (an edge, a completion channel's event) is
-    /// spent: nothing else would announce it. `false` if it let go
-    /// meanwhile (pump again).
+    /// another task's pump): the hint stays up for the next look, and that
+    /// thread wakes the connection's tasks when it lets go. It may have
+    /// looked before the news that sent this one here came, and that news
+    /// (an edge, a completion channel's event) is spent: nothing else
+    /// would announce it. `false` if it let go meanwhile (pump again).
     pub(crate) fn await_direct_handback(&self) -> bool {
+        self.shared.source_hint.store(true, Ordering::Release);
         self.shared.direct_handback.store(true, Ordering::SeqCst);
+        self.held_after_raising(&self.shared.direct_handback)
+    }
+
+    /// `mine` (a hand-back flag) is raised: whether the source is still
+    /// held, by a thread that will see the flag as it lets go. A look that
+    /// finds it free takes the flag back (`false`: pump again), and, having
+    /// held the source for that look, hands it back as every pump does, to
+    /// whoever found it held by the look.
+    fn held_after_raising(&self, mine: &AtomicBool) -> bool {
         // Against the holder's fence in `hand_back_direct`: either it sees
         // the flag, or this lock finds the source free.
         fence(Ordering::SeqCst);
         let Some(src) = self.shared.source.0.get() else { return false };
-        let free = match src.try_lock() {
-            Ok(_) | Err(TryLockError::Poisoned(_)) => true,
-            Err(TryLockError::WouldBlock) => false,
-        };
-        if !free {
+        if matches!(src.try_lock(), Err(TryLockError::WouldBlock)) {
             return true;
         }
-        // The engine may have found it held by this look.
+        let taken_back = mine.swap(false, Ordering::SeqCst);
         self.hand_back_engine();
-        !self.shared.direct_handback.swap(false, Ordering::SeqCst)
+        if self.reads_directly() {
+            self.hand_back_direct();
+        }
+        !taken_back
     }
 
     /// An application thread let go of the source: if the engine found it
@@ -372,11 +381,6 @@ impl Driver {
     /// `false` if it let go meanwhile (pump again).
     pub fn await_handback(&self) -> bool {
         self.shared.handback.store(true, Ordering::SeqCst);
-        let Some(src) = self.shared.source.0.get() else { return false };
-        match src.try_lock() {
-            // Free now: whoever held it may have missed the flag.
-            Ok(_) | Err(TryLockError::Poisoned(_)) => !self.shared.handback.swap(false, Ordering::SeqCst),
-            Err(TryLockError::WouldBlock) => true,
-        }
+        self.held_after_raising(&self.shared.handback)
     }
 }

@@ -47,6 +47,7 @@ unsafe impl Sync for Buf {}
 impl Buf {
     /// Wrap a slot just taken from class `class` of `pool`, with the
     /// reference of the pool taken for it.
+    #[inline(always)]
     pub(crate) fn new(pool: &PoolInner, class: u32, region: u32, slot: u32, len: usize) -> Self {
         let ptr = pool.classes[class as usize].slot_ptr(region, slot);
         Self { ptr, len, class, region, slot, pool: NonNull::from(pool) }
@@ -128,6 +129,7 @@ impl Buf {
 }
 
 impl Drop for Buf {
+    #[inline]
     fn drop(&mut self) {
         // SAFETY: this buffer's reference of the pool is given up here, once.
         unsafe { crate::cache::put(self.pool, self.class as usize, encode(self.region, self.slot)) };

@@ -7,7 +7,10 @@
 //! hot path then touches only the thread's own cache, with no locked
 //! instruction (see [`Shard`]), instead of the shared list's head and
 //! counters, which every thread would otherwise bounce between cores for
-//! every message.
+//! every message. A thread remembers the cache it used last ([`LAST`]), so
+//! that a run of buffers of one class, the common case, finds it with no
+//! borrow of the thread's list of caches and no search; only the first
+//! buffer of another class looks it up.
 //!
 //! Buffers in a cache are free, and must not be lost to a thread that waits
 //! at the pool's cap: such a waiter empties every cache of its class into
@@ -18,8 +21,8 @@
 //! gives its caches back; classes with fewer than [`MIN_CACHED`] buffers
 //! are not cached at all.
 
-use std::cell::{RefCell, UnsafeCell};
-use std::ptr::NonNull;
+use std::cell::{Cell, RefCell, UnsafeCell};
+use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
@@ -199,6 +202,10 @@ struct Local {
 
 impl Drop for Local {
     fn drop(&mut self) {
+        // No use of this cache through the thread's last one from now on.
+        if LAST.get().0 == self.class_id {
+            LAST.set(NO_LAST);
+        }
         // The thread is gone (or the class is): give the buffers back, and
         // the references. A pool that is gone had no references left.
         if let Some(pool) = self.pool.upgrade() {
@@ -218,10 +225,21 @@ impl Drop for Local {
 
 thread_local! {
     static LOCAL: RefCell<Vec<Local>> = const { RefCell::new(Vec::new()) };
+    /// The cache this thread used last: its class's id and its shard, one
+    /// of `LOCAL`'s. A thread moves buffers of one class at a time, most of
+    /// the time, and finds that cache here with no borrow and no search.
+    /// Set only while `LOCAL` holds the shard, and reset before `LOCAL`
+    /// lets go of it ([`Local`]'s drop). Const and without a destructor, so
+    /// it is there to the thread's very end, `LOCAL`'s own teardown too.
+    static LAST: Cell<(u64, *const Shard)> = const { Cell::new(NO_LAST) };
 }
+
+/// [`LAST`] naming no cache (class ids count up from 0 and never reach it).
+const NO_LAST: (u64, *const Shard) = (u64::MAX, ptr::null());
 
 /// Run `f` on this thread's cache of class `idx`, creating it on first use.
 /// `None` when the class is not cached or the thread is being torn down.
+#[inline(always)]
 fn with_cache<R>(
     pool: &PoolInner,
     idx: usize,
@@ -231,6 +249,26 @@ fn with_cache<R>(
     if !class.cached {
         return None;
     }
+    let (id, last) = LAST.get();
+    if id == class.id {
+        // SAFETY: `LAST` names a shard that this thread's `LOCAL` holds an
+        // `Arc` of (it is reset before that `Arc` goes), so it is alive;
+        // `f` does not enter this shard again (`Shard::owned`).
+        let shard = unsafe { &*last };
+        return Some(shard.owned(|st| f(st, shard, class)));
+    }
+    with_cache_found(pool, idx, f)
+}
+
+/// [`with_cache`] for a class other than the thread's last: find its cache
+/// (or make it) among the thread's, and remember it as the last.
+#[inline(never)]
+fn with_cache_found<R>(
+    pool: &PoolInner,
+    idx: usize,
+    f: impl FnOnce(&mut ShardState, &Shard, &SizeClass) -> R,
+) -> Option<R> {
+    let class = &pool.classes[idx];
     LOCAL
         .try_with(|locals| {
             let mut locals = locals.try_borrow_mut().ok()?;
@@ -246,6 +284,7 @@ fn with_cache<R>(
                 }
             };
             let shard = &locals[pos].shard;
+            LAST.set((class.id, Arc::as_ptr(shard)));
             Some(shard.owned(|st| f(st, shard, class)))
         })
         .ok()
@@ -256,30 +295,56 @@ fn with_cache<R>(
 /// from the shared list when empty. The buffer's reference of the pool is
 /// taken too: from the cache's credit, refilled [`BATCH`] at a time (see
 /// [`crate::refs`]), or from the pool's count when there is no cache.
+#[inline(always)]
 pub(crate) fn take(pool: &PoolInner, idx: usize) -> Option<Entry> {
     let cached = with_cache(pool, idx, |st, shard, class| {
-        let half = class.cache_cap / 2;
-        if st.entries.is_empty() && class.depot_take(&mut st.entries, half) == 0 {
-            while st.entries.len() < half {
-                match class.pop_free() {
-                    Some(i) => st.entries.push(i),
-                    None => break,
-                }
-            }
-        }
-        let e = st.entries.pop()?;
+        let e = match st.entries.pop() {
+            Some(e) => e,
+            None => refill(st, class)?,
+        };
         shard.count(1);
         if st.credit == 0 {
-            pool.refs.acquire(BATCH);
-            st.credit = BATCH;
+            take_credit(pool, st);
         }
         st.credit -= 1;
         Some(e)
     });
     match cached {
         Some(e) => e,
-        None => pool.classes[idx].try_take().inspect(|_| pool.refs.acquire(1)),
+        None => take_uncached(pool, idx),
     }
+}
+
+/// An empty cache takes half its capacity from the class's depot, or from
+/// its shared list, and hands out one of them.
+#[cold]
+#[inline(never)]
+fn refill(st: &mut ShardState, class: &SizeClass) -> Option<Entry> {
+    let half = class.cache_cap / 2;
+    if class.depot_take(&mut st.entries, half) == 0 {
+        while st.entries.len() < half {
+            match class.pop_free() {
+                Some(i) => st.entries.push(i),
+                None => break,
+            }
+        }
+    }
+    st.entries.pop()
+}
+
+/// A cache out of reference credit takes [`BATCH`] references at once.
+#[cold]
+#[inline(never)]
+fn take_credit(pool: &PoolInner, st: &mut ShardState) {
+    pool.refs.acquire(BATCH);
+    st.credit = BATCH;
+}
+
+/// [`take`] with no cache: straight from the class's shared list.
+#[cold]
+#[inline(never)]
+fn take_uncached(pool: &PoolInner, idx: usize) -> Option<Entry> {
+    pool.classes[idx].try_take().inspect(|_| pool.refs.acquire(1))
 }
 
 /// Give a buffer of class `idx` of `pool` back: into this thread's cache,
@@ -291,17 +356,14 @@ pub(crate) fn take(pool: &PoolInner, idx: usize) -> Option<Entry> {
 /// # Safety
 ///
 /// The buffer held one reference of `pool`, given up here.
+#[inline(always)]
 pub(crate) unsafe fn put(pool: NonNull<PoolInner>, idx: usize, entry: Entry) {
     // SAFETY: the buffer's reference keeps the pool alive until `release`;
     // `inner` is not used after it.
     let inner = unsafe { pool.as_ref() };
-    let class = &inner.classes[idx];
     let cached = with_cache(inner, idx, |st, shard, class| {
-        let cap = class.cache_cap;
-        if st.entries.len() >= cap {
-            // The oldest half goes; the warmest stay.
-            class.depot_put(&st.entries[..cap / 2]);
-            st.entries.drain(..cap / 2);
+        if st.entries.len() >= class.cache_cap {
+            spill_half(st, class);
         }
         st.entries.push(entry);
         shard.count(-1);
@@ -318,28 +380,43 @@ pub(crate) unsafe fn put(pool: NonNull<PoolInner>, idx: usize, entry: Entry) {
         // Read inside the cache: a waiter that emptied it before (it counts
         // itself in `waiters` first) is seen here; one that comes later
         // sees the entry in the cache.
-        let woke = if class.waiters.load(Ordering::Acquire) > 0 {
-            st.drain_into(class);
-            true
-        } else {
-            false
-        };
+        let woke = class.waiters.load(Ordering::Acquire) > 0 && drain_for_waiter(st, class);
         (woke, give_back)
     });
     let give_back = match cached {
-        Some((true, n)) => {
-            class.wake_one();
+        Some((false, 0)) => return,
+        Some((woke, n)) => {
+            if woke {
+                inner.classes[idx].wake_one();
+            }
             n
         }
-        Some((false, n)) => n,
         None => {
-            class.put(entry);
+            inner.classes[idx].put(entry);
             1
         }
     };
     // SAFETY: the buffer's reference (with surplus credit) is given up here,
     // and neither `inner` nor `pool` is used after.
     unsafe { crate::refs::release(pool, give_back) };
+}
+
+/// A full cache: the oldest half goes to the class's depot; the warmest stay.
+#[cold]
+#[inline(never)]
+fn spill_half(st: &mut ShardState, class: &SizeClass) {
+    let cap = class.cache_cap;
+    class.depot_put(&st.entries[..cap / 2]);
+    st.entries.drain(..cap / 2);
+}
+
+/// A thread waits at the class's cap: everything cached goes to the shared
+/// list, where it looks. `true`: it is to be woken.
+#[cold]
+#[inline(never)]
+fn drain_for_waiter(st: &mut ShardState, class: &SizeClass) -> bool {
+    st.drain_into(class);
+    true
 }
 
 /// Create this thread's caches for every cached class of `pool` now, so
@@ -351,157 +428,5 @@ pub(crate) fn prepare(pool: &PoolInner) {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use std::sync::mpsc;
-    use std::thread;
-    use std::time::{Duration, Instant};
-
-    use crate::{Buf, Pool, PoolConfig, Wait};
-
-    /// One class of 64-byte buffers, 1,024 of them: cached.
-    pub(crate) fn pool() -> Pool {
-        let cfg = PoolConfig::default()
-            .with_classes([64])
-            .with_region_size(64 << 10)
-            .with_max_bytes(64 << 10)
-            .with_prefault(false);
-        Pool::unregistered(cfg).unwrap()
-    }
-
-    /// A thread that drops what it is sent into its own cache, then waits.
-    pub(crate) fn keeper() -> (mpsc::Sender<Vec<Buf>>, mpsc::Sender<()>, thread::JoinHandle<()>) {
-        let (bufs_tx, bufs_rx) = mpsc::channel::<Vec<Buf>>();
-        let (quit_tx, quit_rx) = mpsc::channel::<()>();
-        let h = thread::spawn(move || {
-            drop(bufs_rx.recv().unwrap());
-            let _ = quit_rx.recv();
-        });
-        (bufs_tx, quit_tx, h)
-    }
-
-    #[test]
-    fn buffers_in_another_threads_cache_are_not_lost_at_the_cap() {
-        let p = pool();
-        let mut all: Vec<Buf> = (0..1024).map(|_| p.alloc(64, Wait::No).unwrap()).collect();
-        assert!(p.alloc(64, Wait::No).is_err(), "the cap holds 1,024");
-        let (bufs, quit, h) = keeper();
-        bufs.send(all.split_off(1014)).unwrap();
-        // The keeper has dropped ten: they sit in its cache, and it lives on.
-        let t0 = Instant::now();
-        while p.stats().buffers_in_use != 1014 {
-            assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", p.stats());
-            thread::yield_now();
-        }
-        // Without waiting, and with waiting: both find them.
-        let a = p.alloc(64, Wait::No).expect("a cached buffer is free");
-        let more: Vec<Buf> =
-            (0..9).map(|_| p.alloc(64, Wait::For(Duration::from_secs(5))).unwrap()).collect();
-        assert!(p.alloc(64, Wait::No).is_err());
-        // A waiter is served by a release on a thread with a cache.
-        let p2 = p.clone();
-        let waiter =
-            thread::spawn(move || p2.alloc(64, Wait::For(Duration::from_secs(10))).map(|b| b.addr()));
-        thread::sleep(Duration::from_millis(50));
-        let (bufs2, quit2, h2) = keeper();
-        bufs2.send(vec![a]).unwrap();
-        assert!(waiter.join().unwrap().is_ok());
-        drop((more, all));
-        for (q, h) in [(quit, h), (quit2, h2)] {
-            q.send(()).unwrap();
-            h.join().unwrap();
-        }
-        let s = p.stats();
-        assert_eq!((s.buffers_in_use, s.buffers_free), (0, 1024), "{s:?}");
-    }
-
-    #[test]
-    fn a_thread_that_exits_gives_its_cache_back() {
-        let p = pool();
-        let held: Vec<Buf> = (0..1000).map(|_| p.alloc(64, Wait::No).unwrap()).collect();
-        let p2 = p.clone();
-        thread::spawn(move || {
-            // Allocates (and caches) on its own, then exits.
-            let mine: Vec<Buf> = (0..24).map(|_| p2.alloc(64, Wait::No).unwrap()).collect();
-            drop(mine);
-        })
-        .join()
-        .unwrap();
-        assert_eq!(p.stats().buffers_in_use, 1000);
-        let rest: Vec<Buf> = (0..24).map(|_| p.alloc(64, Wait::No).unwrap()).collect();
-        assert!(p.alloc(64, Wait::No).is_err());
-        drop((held, rest));
-        let s = p.stats();
-        assert_eq!((s.buffers_in_use, s.buffers_free, s.buffers_total), (0, 1024, 1024));
-    }
-
-    /// An owner that takes and gives back buffers through its cache while
-    /// another thread keeps emptying the caches (it allocates at the cap):
-    /// no buffer is ever held by both (each holder stamps what it holds
-    /// and checks the stamp before it lets go), and none is lost.
-    #[test]
-    fn an_owner_and_a_visitor_never_share_a_buffer() {
-        let p = pool();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stamped = |b: &mut Buf, mark: u8| {
-            b.fill(mark);
-        };
-        let owner = {
-            let (p, stop) = (p.clone(), stop.clone());
-            thread::spawn(move || {
-                let mut rounds = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) || rounds < 2_000 {
-                    let mark = 1 + (rounds % 100) as u8;
-                    let mut held: Vec<Buf> = Vec::new();
-                    for _ in 0..8 {
-                        if let Ok(mut b) = p.alloc(64, Wait::For(Duration::from_secs(5))) {
-                            stamped(&mut b, mark);
-                            held.push(b);
-                        }
-                    }
-                    for b in &held {
-                        assert!(
-                            b.iter().all(|&x| x == mark),
-                            "a buffer the owner holds was written by another"
-                        );
-                    }
-                    rounds += 1;
-                }
-                rounds
-            })
-        };
-        let t0 = Instant::now();
-        let mut visits = 0;
-        while t0.elapsed() < Duration::from_millis(500) {
-            // Everything there is, down to the cap: empties the owner's cache.
-            let mut all = Vec::new();
-            while let Ok(mut b) = p.alloc(64, Wait::No) {
-                stamped(&mut b, 200);
-                all.push(b);
-            }
-            thread::yield_now();
-            for b in &all {
-                assert!(b.iter().all(|&x| x == 200), "a buffer the visitor holds was written by another");
-            }
-            visits += 1;
-        }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let rounds = owner.join().unwrap();
-        assert!(rounds >= 2_000 && visits > 10, "rounds {rounds}, visits {visits}");
-        let s = p.stats();
-        assert_eq!((s.buffers_in_use, s.buffers_total), (0, 1024), "{s:?}");
-    }
-
-    #[test]
-    fn the_most_recently_released_buffer_comes_back_first() {
-        let p = pool();
-        let a = p.alloc(64, Wait::No).unwrap();
-        let b = p.alloc(64, Wait::No).unwrap();
-        let (a_addr, b_addr) = (a.addr(), b.addr());
-        drop(a);
-        drop(b);
-        assert_eq!(p.alloc(64, Wait::No).unwrap().addr(), b_addr);
-        let x = p.alloc(64, Wait::No).unwrap();
-        assert_eq!(x.addr(), b_addr);
-        assert_eq!(p.alloc(64, Wait::No).unwrap().addr(), a_addr);
-    }
-}
+#[path = "cache_tests.rs"]
+pub(crate) mod tests;

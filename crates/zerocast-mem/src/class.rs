@@ -408,6 +408,7 @@ impl SizeClass {
     }
 
     /// Address of a slot taken from this class's free list.
+    #[inline(always)]
     pub(crate) fn slot_ptr(&self, region: u32, slot: u32) -> NonNull<u8> {
         let base = self.directory[region as usize].base.load(Ordering::Acquire);
         debug_assert!(!base.is_null() && (slot as usize) < self.layout.slots_per_region);

@@ -209,6 +209,7 @@ impl Pool {
         }
     }
 
+    #[inline(always)]
     fn class_index(&self, size: usize) -> Result<usize, PoolError> {
         self.inner
             .classes

@@ -4,7 +4,8 @@
 //! handshake open for the whole test), a flood of 10 000 connections that
 //! send 64 random bytes and hang up, and 100 good clients that connect,
 //! send a request and wait for the reply. Every good client gets its
-//! reply, 99 of 100 within 100 ms of starting to connect, and memory grows
+//! reply, 99 of 100 within 500 ms of starting to connect (a tenth of a stalled
+//! peer's hold), and memory grows
 //! by less than 200 MiB.
 //!
 //! One test in this binary: it measures latency and the process's memory.
@@ -45,12 +46,15 @@ const GOOD: usize = 100;
 /// ... run by this many threads, one client after another on each.
 const GOOD_THREADS: usize = 10;
 /// The bound on a good client's 99th percentile, from starting to connect
-/// to its reply.
-const P99_BOUND: Duration = Duration::from_millis(100);
+/// to its reply: a tenth of the 5 s a stalled peer holds its handshake, so
+/// a client that waited behind one fails it, and a loaded 2-core machine
+/// running the junk flood beside it (seen up to 130 ms) passes.
+const P99_BOUND: Duration = Duration::from_millis(500);
 /// A good client gives up after this long in any one step (connecting,
-/// handshake, reply): ten times the bound, so a failure is a failure, and
-/// the test ends in bounded time when the listener is clogged.
-const GOOD_TIMEOUT: Duration = Duration::from_secs(1);
+/// handshake, reply): four times the bound, and still short of a stalled
+/// peer's 5 s, so a failure is a failure, and the test ends in bounded time
+/// when the listener is clogged.
+const GOOD_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The bound on the growth of the resident memory over the test.
 const RSS_BOUND_MIB: u64 = 200;

@@ -6,6 +6,7 @@ use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::ptr::NonNull;
 use std::slice;
 
+use crate::chunk::Lender;
 use crate::class::encode;
 use crate::error::PoolError;
 use crate::pool::PoolInner;
@@ -25,15 +26,28 @@ use crate::registrar::Keys;
 ///
 /// Contents are not cleared between uses: a fresh `Buf` holds whatever its
 /// previous owner left (zeros the first time).
+///
+/// A `Buf` may also be a *lent* part of a larger buffer
+/// ([`Chunk::lend`](crate::Chunk::lend)): its capacity is then its length
+/// when lent, its address need not be aligned, and dropping it gives the
+/// part back to the buffer it was lent from, which goes back to the pool
+/// with its last part.
 pub struct Buf {
     ptr: NonNull<u8>,
     len: usize,
+    /// The size class, or [`LENT`] for a lent part.
     class: u32,
     region: u32,
+    /// The slot in its region; for a lent part, its capacity.
     slot: u32,
-    /// The pool, kept alive by this buffer's reference (see `refs.rs`).
+    /// The pool, kept alive by this buffer's reference (see `refs.rs`);
+    /// for a lent part, the `chunk::Lender` it was lent from, cast.
     pool: NonNull<PoolInner>,
 }
+
+/// The class of a lent part ([`crate::Chunk::lend`]): no class has this
+/// index (a pool has fewer than `u32::MAX` classes, validated).
+pub(crate) const LENT: u32 = u32::MAX;
 
 // SAFETY: a `Buf` is the only handle to its bytes (its slot was popped off the
 // free list and goes back only when the `Buf` drops), like a `Box<[u8]>`; the
@@ -53,7 +67,24 @@ impl Buf {
         Self { ptr, len, class, region, slot, pool: NonNull::from(pool) }
     }
 
+    /// A lent part of `len` bytes at `ptr`, holding one reference of
+    /// `lender` (see [`crate::Chunk`]).
+    pub(crate) fn lent(ptr: NonNull<u8>, len: u32, lender: NonNull<Lender>) -> Self {
+        Self { ptr, len: len as usize, class: LENT, region: 0, slot: len, pool: lender.cast() }
+    }
+
+    /// The whole buffer a lent part was lent from; `None` for a pool buffer.
+    fn lender(&self) -> Option<&Buf> {
+        if self.class != LENT {
+            return None;
+        }
+        // SAFETY: a lent part's `pool` is its lender (`Buf::lent`), which
+        // the part's reference keeps alive while the part lives.
+        Some(unsafe { self.pool.cast::<Lender>().as_ref() }.whole())
+    }
+
     fn inner(&self) -> &PoolInner {
+        debug_assert_ne!(self.class, LENT, "a lent part has no pool of its own");
         // SAFETY: this buffer holds a reference of the pool (taken when it
         // was handed out, given up only in `drop`), so the pool is alive.
         unsafe { self.pool.as_ref() }
@@ -71,6 +102,9 @@ impl Buf {
 
     /// Size of the buffer: its class size, at least the size asked for.
     pub fn capacity(&self) -> usize {
+        if self.class == LENT {
+            return self.slot as usize;
+        }
         self.inner().classes[self.class as usize].layout.size
     }
 
@@ -118,12 +152,18 @@ impl Buf {
 
     /// The keys of the region this buffer lives in.
     pub fn keys(&self) -> Keys {
+        if let Some(whole) = self.lender() {
+            return whole.keys();
+        }
         self.inner().classes[self.class as usize].keys(self.region)
     }
 
     /// Id of the region this buffer lives in, unique within its pool
     /// (regions are numbered 0, 1, 2, … in creation order across all classes).
     pub fn region_id(&self) -> u32 {
+        if let Some(whole) = self.lender() {
+            return whole.region_id();
+        }
         self.inner().classes[self.class as usize].region_id(self.region)
     }
 }
@@ -131,6 +171,12 @@ impl Buf {
 impl Drop for Buf {
     #[inline]
     fn drop(&mut self) {
+        if self.class == LENT {
+            // SAFETY: a lent part holds one reference of its lender
+            // (`Buf::lent`), given back here, once.
+            unsafe { Lender::release(self.pool.cast(), 1) };
+            return;
+        }
         // SAFETY: this buffer's reference of the pool is given up here, once.
         unsafe { crate::cache::put(self.pool, self.class as usize, encode(self.region, self.slot)) };
     }

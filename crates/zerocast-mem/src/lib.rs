@@ -67,6 +67,7 @@
 mod barrier;
 mod buf;
 mod cache;
+mod chunk;
 mod class;
 mod config;
 #[cfg(feature = "counting-alloc")]
@@ -85,6 +86,7 @@ mod proptests;
 mod wake_tests;
 
 pub use buf::Buf;
+pub use chunk::Chunk;
 pub use config::PoolConfig;
 #[cfg(feature = "counting-alloc")]
 pub use counting::CountingAlloc;

@@ -1,6 +1,6 @@
 //! The assertions every transport must pass.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,56 @@ pub fn integrity(t: &Transport, n: u64) {
     sender.join().expect("sender");
     assert_eq!(next, n);
     drop(server);
+    t.assert_pool_drained(Duration::from_secs(10));
+}
+
+/// A receiver that keeps some messages while the stream goes on: every
+/// `every`-th of `n` mixed-size messages is held, the last `hold` of them
+/// at a time, and each still has its own bytes when it is let go. On a
+/// byte stream, small messages are lent from the reader's staging where
+/// they lie: a held one keeps its part of staging out of the reader's
+/// reach, staging moves on to other memory, and with all of that held it
+/// copies until some is free.
+pub fn held_messages_keep_their_bytes(t: &Transport, n: u64, every: u64, hold: usize) {
+    let (client, server) = t.pair();
+    let max = client.max_message().min(64 * 1024);
+    let sender = thread::spawn(move || {
+        for seq in 0..n {
+            let mut buf = client.alloc(checksum::size_for(seq, max)).expect("alloc");
+            checksum::write(seq, &mut buf);
+            client.send(buf).expect("send");
+        }
+        client.close();
+    });
+    let check = |m: &[u8], seq: u64| {
+        let got = checksum::verify(m).unwrap_or_else(|e| panic!("message {seq} corrupt: {e}"));
+        assert_eq!(got, seq, "held message {seq} changed");
+    };
+    let mut held = VecDeque::new();
+    let mut next = 0u64;
+    loop {
+        match server.recv_timeout(Duration::from_secs(30)) {
+            Ok(msg) => {
+                check(&msg, next);
+                if next % every == 0 {
+                    held.push_back((next, msg));
+                    if held.len() > hold {
+                        let (seq, old) = held.pop_front().expect("held");
+                        check(&old, seq);
+                    }
+                }
+                next += 1;
+            }
+            Err(RecvError::Disconnected) => break,
+            Err(e) => panic!("receive failed after {next} messages: {e}"),
+        }
+    }
+    sender.join().expect("sender");
+    assert_eq!(next, n);
+    for (seq, m) in &held {
+        check(m, *seq);
+    }
+    drop((held, server));
     t.assert_pool_drained(Duration::from_secs(10));
 }
 
@@ -399,7 +449,9 @@ pub fn borrowed_receive(t: &Transport, window: u32) {
         assert!(range.contains(&rec.key.as_ptr()), "key is borrowed from the receive buffer");
         assert!(range.contains(&rec.value.as_ptr()), "value is borrowed from the receive buffer");
     }
-    drop((tx, rx));
+    // Both halves of each side: a live connection may keep its staging
+    // in the pool.
+    drop((tx, _r, _s, rx));
     // Raw buffers lent to a closure: each gives its credit back when the
     // closure returns, or unwinds.
     let (client, server) = t.pair();

@@ -19,6 +19,14 @@ macro_rules! conformance {
             }
 
             #[test]
+            fn held_messages_keep_their_bytes() {
+                // Held 1,000 messages (~170 KB of stream) apart, 6 at a
+                // time: more than a stream's staging keeps, and short of
+                // the half window a receiver may owe its sender.
+                suite::held_messages_keep_their_bytes(&transport(), 200_000, 1_000, 6);
+            }
+
+            #[test]
             fn receivers_take_turns() {
                 suite::receivers_take_turns(&transport());
             }

@@ -4,6 +4,7 @@ mod connect;
 mod handshake;
 mod listener;
 mod reader;
+mod staging;
 mod task;
 mod writer;
 

@@ -1,10 +1,10 @@
 //! The socket's read half: decode frames from the socket into pool buffers.
 //!
-//! Frames that fit in the staging buffer are read many at a time into it
-//! and their payloads copied into pool buffers. Staging starts at 16 KiB
-//! and grows once, to 64 KiB, when a read fills it. The rest of a larger
-//! payload is read straight into its pool buffer, with a little staging
-//! behind it in the same `readv` to pick up the next header.
+//! Frames that fit in staging are read many at a time into it (see
+//! [`super::staging`]): their payloads are copied into pool buffers at
+//! first, and lent where they lie once the peer streams. The rest of a
+//! larger payload is read straight into its pool buffer, with a little
+//! staging behind it in the same `readv` to pick up the next header.
 
 use std::io::IoSliceMut;
 use std::net::Shutdown;
@@ -21,12 +21,7 @@ use zerocast_core::{ConnError, FrameKind, Header, HEADER_LEN};
 use zerocast_link::{Driver, Interrupt, Pumped, Source};
 use zerocast_mem::{Buf, PoolError, Wait};
 
-/// Staging for headers and for frames that fit in it: its size at first.
-const STAGING: usize = 16 * 1024;
-/// Staging's size once a read has filled it: the peer streams, and larger
-/// reads pay the system call and the socket's lock once for more frames.
-/// A connection that never fills its staging never pays for this.
-const STAGING_MAX: usize = 64 * 1024;
+use super::staging::{Staging, STAGING, STAGING_MAX};
 /// Payloads at least this long are read straight into their pool buffer:
 /// those that do not fit in staging. A shorter one is read through staging
 /// with the frames behind it and copied. Read straight, a payload of a few
@@ -207,7 +202,7 @@ struct Pending {
 /// that makes no progress for `frame_timeout` fails the connection.
 pub(super) struct Reader {
     sock: Arc<Socket>,
-    staging: Vec<u8>,
+    staging: Staging,
     start: usize,
     end: usize,
     done: bool,
@@ -310,7 +305,7 @@ impl Reader {
     pub(super) fn new(sock: Arc<Socket>, frame_timeout: Duration, attention: Arc<Attention>) -> Self {
         Self {
             sock,
-            staging: vec![0u8; STAGING],
+            staging: Staging::new(),
             start: 0,
             end: 0,
             done: false,
@@ -392,6 +387,7 @@ impl Reader {
 
     fn stop(&mut self, driver: &Driver, stop: Stop) -> Pumped {
         self.done = true;
+        self.staging.release();
         self.attention.set(None);
         self.attention.starved.store(false, Ordering::Relaxed);
         match stop {
@@ -413,8 +409,8 @@ impl Reader {
     fn frame(&mut self, driver: &Driver, until: Option<Instant>) -> Result<(), Stop> {
         if self.pending.is_none() {
             let at_boundary = self.end == self.start;
-            self.fill(HEADER_LEN, at_boundary)?;
-            let header = Header::decode(&self.staging[self.start..self.end], driver.max_payload())
+            self.fill(driver, HEADER_LEN, at_boundary)?;
+            let header = Header::decode(self.staging.get(self.start..self.end), driver.max_payload())
                 .map_err(|e| Stop::Failed(e.into()))?;
             self.start += HEADER_LEN;
             return match header.kind {
@@ -428,6 +424,15 @@ impl Reader {
                     }
                     None => self.finish(driver, until, Pending { header, buf: None, got: 0 }),
                 },
+                FrameKind::Control if header.len == 0 => {
+                    // The peer's goodbye: no data follows, so staging lets
+                    // go of its chunks while the connection lingers (unless
+                    // bytes follow it, which the link refuses).
+                    if self.start == self.end {
+                        self.staging.release();
+                    }
+                    driver.on_frame(header, None).map_err(Stop::Failed)
+                }
                 _ if header.len == 0 => driver.on_frame(header, None).map_err(Stop::Failed),
                 _ => Err(Stop::Failed(ConnError::Unsupported("control frame with a payload"))),
             };
@@ -450,7 +455,7 @@ impl Reader {
         let mut batch = driver.batch();
         while self.end - self.start >= HEADER_LEN {
             let at = self.start;
-            let header = Header::decode(&self.staging[at..at + HEADER_LEN], driver.max_payload())
+            let header = Header::decode(self.staging.get(at..at + HEADER_LEN), driver.max_payload())
                 .map_err(|e| Stop::Failed(e.into()))?;
             let len = header.len as usize;
             if header.kind != FrameKind::Data {
@@ -480,9 +485,10 @@ impl Reader {
     }
 
     /// The payload of `header`'s data frame, if all of it is in staging and
-    /// the pool has a buffer for it now: the buffer, filled. Most small
-    /// frames take this path, which keeps the buffer out of `Pending`;
-    /// `None` (more to read, or the pool at its cap) takes the general one.
+    /// staging can hand it over now (lent where it lies, or copied into a
+    /// pool buffer the pool has now). Most small frames take this path,
+    /// which keeps the buffer out of `Pending`; `None` (more to read, or
+    /// the pool at its cap) takes the general one.
     #[inline(always)]
     fn whole(&mut self, driver: &Driver, header: &Header) -> Option<Buf> {
         let len = header.len as usize;
@@ -491,8 +497,7 @@ impl Reader {
         }
         // No frame waits for a buffer (only a pending one does).
         debug_assert!(self.starved_since.is_none());
-        let mut buf = driver.pool().alloc(len, Wait::No).ok()?;
-        buf.copy_from_slice(&self.staging[self.start..self.start + len]);
+        let buf = self.staging.take(self.start..self.start + len, driver.pool())?;
         self.start += len;
         Some(buf)
     }
@@ -545,24 +550,28 @@ impl Reader {
         }
         let Some(buf) = p.buf.as_mut() else { return Err(Stop::Starved) };
         let staged = (self.end - self.start).min(len - p.got);
-        buf[p.got..p.got + staged].copy_from_slice(&self.staging[self.start..self.start + staged]);
+        buf[p.got..p.got + staged].copy_from_slice(self.staging.get(self.start..self.start + staged));
         self.start += staged;
         p.got += staged;
         while p.got < len {
             if len < DIRECT {
                 // Small frame: go through staging to pick up what follows too.
                 let want = len - p.got;
-                self.fill(want, false).map_err(|s| truncated(s, p.got, len))?;
-                buf[p.got..len].copy_from_slice(&self.staging[self.start..self.start + want]);
+                self.fill(driver, want, false).map_err(|s| truncated(s, p.got, len))?;
+                buf[p.got..len].copy_from_slice(self.staging.get(self.start..self.start + want));
                 self.start += want;
                 p.got = len;
             } else {
                 // Staging is drained (the payload outlasted it): read the
                 // payload in place and the start of what follows behind it.
-                self.start = 0;
-                self.end = 0;
-                let mut iov =
-                    [IoSliceMut::new(&mut buf[p.got..len]), IoSliceMut::new(&mut self.staging[..TAIL])];
+                debug_assert_eq!(self.start, self.end);
+                if self.end + TAIL > self.staging.len() {
+                    self.staging.rebase(self.start, self.end, driver.pool());
+                    self.start = 0;
+                    self.end = 0;
+                }
+                let tail = self.staging.get_mut(self.end..self.end + TAIL);
+                let mut iov = [IoSliceMut::new(&mut buf[p.got..len]), IoSliceMut::new(tail)];
                 let room = len - p.got + TAIL;
                 let n = read_now(&self.sock, &mut iov).map_err(|s| truncated(s, p.got, len))?;
                 self.progressed();
@@ -570,7 +579,7 @@ impl Reader {
                 driver.on_activity();
                 let direct = n.min(len - p.got);
                 p.got += direct;
-                self.end = n - direct;
+                self.end += n - direct;
             }
         }
         Ok(())
@@ -580,17 +589,24 @@ impl Reader {
     /// has now. `at_boundary`: a clean end of stream before any byte is
     /// not an error. Short of `n`, what arrived stays staged and this is
     /// [`Stop::Idle`].
-    fn fill(&mut self, n: usize, at_boundary: bool) -> Result<(), Stop> {
+    fn fill(&mut self, driver: &Driver, n: usize, at_boundary: bool) -> Result<(), Stop> {
         if self.end - self.start >= n {
             return Ok(());
         }
+        if self.start == self.end && self.start > 0 && self.staging.restart() {
+            // Nothing staged: read into the start of the area, which is
+            // likelier in cache.
+            self.start = 0;
+            self.end = 0;
+        }
         if self.start + n > self.staging.len() {
-            self.staging.copy_within(self.start..self.end, 0);
+            self.staging.rebase(self.start, self.end, driver.pool());
             self.end -= self.start;
             self.start = 0;
         }
         while self.end - self.start < n {
-            match recv(&*self.sock, &mut self.staging[self.end..], RecvFlags::DONTWAIT) {
+            let room = self.staging.len();
+            match recv(&*self.sock, self.staging.get_mut(self.end..room), RecvFlags::DONTWAIT) {
                 Ok((0, _)) if at_boundary && self.end == self.start => return Err(Stop::Eof),
                 Ok((0, _)) => {
                     let got = (self.end - self.start) as u64;
@@ -598,11 +614,14 @@ impl Reader {
                 }
                 Ok((k, _)) => {
                     self.progressed();
-                    self.drained = k < self.staging.len() - self.end;
+                    self.drained = k < room - self.end;
                     self.end += k;
-                    if !self.drained && self.staging.len() < STAGING_MAX {
-                        // Once per connection at most.
-                        self.staging.resize(STAGING_MAX, 0);
+                    if !self.drained && room < STAGING_MAX && k >= STAGING / 2 {
+                        // Once per connection at most: a read of half the
+                        // first area or more filled it.
+                        let start = self.staging.grow(self.start, self.end, driver.pool());
+                        self.end -= self.start - start;
+                        self.start = start;
                     }
                 }
                 Err(e) if e == Errno::AGAIN => return Err(Stop::Idle),

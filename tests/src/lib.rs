@@ -15,6 +15,7 @@ pub mod datagram_suite;
 pub mod direct_io;
 pub mod failure;
 pub mod idle;
+pub mod integrity;
 pub mod many;
 pub mod many_async;
 pub mod process;

@@ -22,11 +22,13 @@ use zerocast_link::{Driver, Interrupt, Pumped, Source};
 use zerocast_mem::{Buf, PoolError, Wait};
 
 use super::staging::{Staging, STAGING, STAGING_MAX};
+
 /// Payloads at least this long are read straight into their pool buffer:
 /// those that do not fit in staging. A shorter one is read through staging
-/// with the frames behind it and copied. Read straight, a payload of a few
-/// KiB would cost a system call per frame, and the staging tail of that
-/// read brings most of the next payload anyway, which is copied then.
+/// with the frames behind it, then lent where it lies (once staging is a
+/// pool chunk) or copied. Read straight, a payload of a few KiB would cost
+/// a system call per frame, and the staging tail of that read brings most
+/// of the next payload anyway.
 const DIRECT: usize = STAGING;
 /// Staging read behind a direct payload read.
 const TAIL: usize = 4096;

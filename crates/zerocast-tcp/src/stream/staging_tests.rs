@@ -21,13 +21,14 @@ fn streaming(pool: &Pool) -> Staging {
     s
 }
 
-fn frames(s: &mut Staging, from: usize, n: usize, len: usize) -> Vec<Buf> {
-    let pool = pool();
+/// Land and take `n` frames of `len` bytes from `from`, frame `i` made
+/// of byte `i`.
+fn frames(s: &mut Staging, pool: &Pool, from: usize, n: usize, len: usize) -> Vec<Buf> {
     (0..n)
         .map(|i| {
             let at = from + i * len;
             land(s, at, &vec![i as u8; len]);
-            s.take(at..at + len, &pool).expect("take")
+            s.take(at..at + len, pool).expect("take")
         })
         .collect()
 }
@@ -71,7 +72,7 @@ fn a_streaming_connection_lends_payloads_where_they_lie() {
 fn a_chunk_whose_parts_are_gone_takes_its_own_tail() {
     let pool = pool();
     let mut s = streaming(&pool);
-    let parts = frames(&mut s, 0, 100, 600);
+    let parts = frames(&mut s, &pool, 0, 100, 600);
     land(&mut s, 60_000, b"tail");
     let in_use = pool.stats().buffers_in_use;
     drop(parts);
@@ -84,13 +85,13 @@ fn a_chunk_whose_parts_are_gone_takes_its_own_tail() {
 fn held_parts_keep_their_bytes_while_staging_moves_on() {
     let pool = pool();
     let mut s = streaming(&pool);
-    let held = frames(&mut s, 0, 100, 600);
+    let held = frames(&mut s, &pool, 0, 100, 600);
     land(&mut s, 60_000, b"tail");
     s.rebase(60_000, 60_004, &pool);
     assert!(s.lends());
     assert_eq!(s.get(0..4), b"tail");
     // The next frames land over byte 0 of another chunk, not the held ones.
-    let next = frames(&mut s, 4, 100, 600);
+    let next = frames(&mut s, &pool, 4, 100, 600);
     for (i, p) in held.iter().chain(&next).enumerate() {
         assert!(p.iter().all(|&b| b == (i % 100) as u8), "part {i} changed");
     }
@@ -102,7 +103,7 @@ fn with_every_chunk_held_staging_copies_then_lends_again_once_one_is_free() {
     let mut s = streaming(&pool);
     let mut held = Vec::new();
     for _ in 0..CHUNKS {
-        held.push(frames(&mut s, 0, 10, 1000));
+        held.push(frames(&mut s, &pool, 0, 10, 1000));
         land(&mut s, 10_000, b"tail");
         s.rebase(10_000, 10_004, &pool);
     }

@@ -85,6 +85,7 @@ mod recv;
 mod repost;
 mod shared;
 mod source;
+pub mod spin;
 mod staged;
 #[cfg(test)]
 mod staged_tests;

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use rdma_sys::ibv_wc;
 use zerocast_core::ConnError;
+use zerocast_link::spin::{SpinClock, SpinPolicy};
 use zerocast_link::{Driver, Interrupt, Pumped, Source};
 
 use super::completion::on_completion;
@@ -26,8 +27,12 @@ use crate::rc::rendezvous;
 use crate::rc::RcError;
 
 /// In event mode, how long a receiving thread spins on the CQ before it
-/// sleeps until the CQ's next completion event.
-const SPIN: Duration = Duration::from_micros(50);
+/// sleeps until the CQ's next completion event, at least and at most: the
+/// spin follows the waits that ended in a completion (see
+/// [`zerocast_link::spin`]), so that round trips longer than the floor (an
+/// emulated 4 KiB one, for one) are caught by the spin rather than each
+/// paying a sleep and a wake-up.
+const SPIN: SpinPolicy = SpinPolicy::new(Duration::from_micros(50), Duration::from_micros(500));
 /// A waiting thread polls the CQ this many times between two reads of the
 /// clock, with no pause instruction in between, as `ib_send_lat` polls. A
 /// completion that lands while the thread reads the clock waits for the
@@ -49,13 +54,19 @@ pub(super) struct RcSource {
     /// spin (not busy-polling). Fixed at creation. The engine task's pumps
     /// arm the CQ in either mode.
     event_mode: bool,
+    /// How long receiving threads spin, from the waits so far.
+    spin: SpinPolicy,
+    /// When the wait for the next completion began: the first empty poll
+    /// of a pump that could wait, kept across its sleep and the pumps
+    /// after it until a completion comes (and the wait is measured).
+    waiting_since: Option<Instant>,
 }
 
 impl RcSource {
     pub(super) fn new(io: Arc<Io>) -> Self {
         let event_mode = !io.busy_poll;
         let wcs = std::array::from_fn(|_| MaybeUninit::uninit());
-        Self { io, wcs, done: false, event_mode }
+        Self { io, wcs, done: false, event_mode, spin: SPIN, waiting_since: None }
     }
 
     /// Poll one batch of completions and act on each; how many there were.
@@ -157,6 +168,17 @@ impl RcSource {
         self.event_mode || self.io.engine_pumping.load(Ordering::Relaxed) || driver.reads_directly()
     }
 
+    /// A completion ended the wait that began `since`: the spin learns its
+    /// length. Read off the spin's last clock reading when this pump spun
+    /// (at most [`POLLS_PER_CLOCK`] polls before the completion), so that
+    /// a message caught by the spin pays no clock read before its reply;
+    /// off the clock after a sleep, which costs far more.
+    #[inline]
+    fn waited(&mut self, since: Instant, spin: Option<&SpinClock>) {
+        let now = spin.map_or_else(Instant::now, SpinClock::last_reading);
+        self.spin.waited(now.saturating_duration_since(since));
+    }
+
     #[inline(never)]
     fn settled_event(&mut self, driver: &Driver) -> bool {
         if !self.io.notify().is_armed() {
@@ -179,7 +201,7 @@ impl Source for RcSource {
         // Read the clock only once this call has to wait: a busy-polling
         // `try_recv` pumps with no deadline on every spin, and a clock
         // read is a system call on some machines (a TCG guest's HPET).
-        let mut start: Option<Instant> = None;
+        let mut spin: Option<SpinClock> = None;
         let mut handled = false;
         let mut spins = 0u32;
         loop {
@@ -192,6 +214,9 @@ impl Source for RcSource {
                 if self.arm_again(driver) {
                     handled = true;
                     continue;
+                }
+                if let Some(since) = self.waiting_since.take() {
+                    self.waited(since, spin.as_ref());
                 }
                 return Pumped::Frames;
             }
@@ -215,7 +240,7 @@ impl Source for RcSource {
                 continue;
             };
             spins = spins.wrapping_add(1);
-            if start.is_some() && spins % POLLS_PER_CLOCK != 0 {
+            if spin.is_some() && spins % POLLS_PER_CLOCK != 0 {
                 continue;
             }
             let now = Instant::now();
@@ -225,8 +250,9 @@ impl Source for RcSource {
                 }
                 return Pumped::Idle;
             }
-            let start = *start.get_or_insert(now);
-            if !self.event_mode || now - start < SPIN {
+            let clock = spin.get_or_insert_with(|| SpinClock::start(now));
+            self.waiting_since.get_or_insert(now);
+            if !self.event_mode || !clock.is_over(now, self.spin.budget()) {
                 // Stay on the CPU, but let a thread on this core that would
                 // send (the peer, in the same process) go now and then.
                 if spins % (4 * POLLS_PER_CLOCK) == 0 {

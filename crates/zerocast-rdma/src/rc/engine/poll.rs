@@ -58,7 +58,8 @@ pub(super) struct RcSource {
     spin: SpinPolicy,
     /// When the wait for the next completion began: the first empty poll
     /// of a pump that could wait, kept across its sleep and the pumps
-    /// after it until a completion comes (and the wait is measured).
+    /// after it until a completion comes (and the wait is measured). Event
+    /// mode only.
     waiting_since: Option<Instant>,
 }
 
@@ -251,7 +252,11 @@ impl Source for RcSource {
                 return Pumped::Idle;
             }
             let clock = spin.get_or_insert_with(|| SpinClock::start(now));
-            self.waiting_since.get_or_insert(now);
+            if self.event_mode {
+                // Only a spin that ends learns from the waits: busy
+                // polling keeps no account of them.
+                self.waiting_since.get_or_insert(now);
+            }
             if !self.event_mode || !clock.is_over(now, self.spin.budget()) {
                 // Stay on the CPU, but let a thread on this core that would
                 // send (the peer, in the same process) go now and then.

@@ -260,6 +260,16 @@ impl CmEvent {
         event_name(self.kind())
     }
 
+    /// The RDMA READ depths a connect request asks for: the requester's
+    /// responder resources (READs it serves at once) and initiator depth
+    /// (READs it issues at once).
+    pub(crate) fn read_depths(&self) -> (u8, u8) {
+        // SAFETY: the event is live; for connection events `param.conn`
+        // is the member in use, plain data copied out here.
+        let conn = unsafe { &self.raw.as_ref().param.conn };
+        (conn.responder_resources, conn.initiator_depth)
+    }
+
     /// The datagram parameters of an ESTABLISHED (UD) or MULTICAST_JOIN
     /// event: the peer's address handle attributes, QPN and Q_Key.
     pub(crate) fn ud_param(&self) -> UdParam {

@@ -319,6 +319,12 @@ pub struct DeviceAttr {
     pub max_mcast_grp: u32,
     /// Most queue pairs attached to one multicast group.
     pub max_mcast_qp_attach: u32,
+    /// Most RDMA READs (and atomics) a queue pair may have outstanding as
+    /// their target (its responder resources).
+    pub max_qp_rd_atom: u32,
+    /// Most RDMA READs (and atomics) a queue pair may have outstanding as
+    /// their initiator (its initiator depth).
+    pub max_qp_init_rd_atom: u32,
     /// Number of physical ports.
     pub phys_port_cnt: u8,
 }
@@ -342,6 +348,8 @@ impl DeviceAttr {
             max_srq_wr: count(raw.max_srq_wr),
             max_mcast_grp: count(raw.max_mcast_grp),
             max_mcast_qp_attach: count(raw.max_mcast_qp_attach),
+            max_qp_rd_atom: count(raw.max_qp_rd_atom),
+            max_qp_init_rd_atom: count(raw.max_qp_init_rd_atom),
             phys_port_cnt: raw.phys_port_cnt,
         }
     }

@@ -11,7 +11,8 @@ use rdma_sys::{
 };
 use rdma_sys::{
     ibv_create_qp, ibv_destroy_qp, ibv_modify_qp, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr,
-    ibv_qp_state, ibv_qp_type, ibv_recv_wr, ibv_send_wr, ibv_wc, rdma_create_qp, rdma_destroy_qp,
+    ibv_qp_state, ibv_qp_type, ibv_query_qp, ibv_recv_wr, ibv_send_wr, ibv_wc, rdma_create_qp,
+    rdma_destroy_qp,
 };
 
 use crate::cm::CmId;
@@ -285,6 +286,23 @@ impl QueuePair {
             return Err(errno_from_rc(rc));
         }
         Ok(())
+    }
+
+    /// How many RDMA READs this QP may have outstanding as their initiator
+    /// (`max_rd_atomic`, as the connection's setup negotiated it); 1 when
+    /// the query fails, the least a connected QP has.
+    pub(crate) fn read_depth(&self) -> u32 {
+        // SAFETY: all-zero is a valid `ibv_qp_attr` and `ibv_qp_init_attr`.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        let mask = ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC.0 as c_int;
+        // SAFETY: live QP; both structs are writable and outlive the call.
+        let rc = unsafe { ibv_query_qp(self.raw.as_ptr(), &mut attr, mask, &mut init) };
+        if rc != 0 {
+            return 1;
+        }
+        u32::from(attr.max_rd_atomic).max(1)
     }
 
     /// Move the QP to the error state: every posted WR completes, flushed.

@@ -64,13 +64,15 @@ fn expect(
     Err(transport_err(RcError::Cm { step, event: e.name(), status: e.status() }))
 }
 
-fn conn_param(t: &RcTransport, hello: &[u8]) -> rdma_conn_param {
+/// Connection parameters carrying `hello`, with the RDMA READ depths
+/// `(responder resources, initiator depth)`.
+fn conn_param(t: &RcTransport, hello: &[u8], (responder, initiator): (u8, u8)) -> rdma_conn_param {
     // SAFETY: all-zero is a valid `rdma_conn_param`.
     let mut p: rdma_conn_param = unsafe { std::mem::zeroed() };
     p.private_data = hello.as_ptr().cast();
     p.private_data_len = hello.len() as u8;
-    p.responder_resources = 1;
-    p.initiator_depth = 1;
+    p.responder_resources = responder;
+    p.initiator_depth = initiator;
     p.retry_count = t.inner.cfg.retry_cnt;
     p.rnr_retry_count = t.inner.cfg.rnr_retry;
     p
@@ -204,7 +206,7 @@ pub(super) fn connect_routed(
     let id = Arc::new(id);
     let io = prepare(t, &id, t.shaped(link, None).map_err(transport_err)?)?;
     let hello = t.hello(link, &io).encode();
-    let mut param = conn_param(t, &hello);
+    let mut param = conn_param(t, &hello, t.read_depths());
     // SAFETY: live id with a QP and a resolved route; `param` and `hello`
     // outlive the call (librdmacm copies the private data).
     let rc = unsafe { rdma_sys::rdma_connect(id.as_ptr(), &mut param) };
@@ -285,11 +287,12 @@ impl Requests {
     fn request(&self, shared: &Arc<Shared>, e: CmEvent, cx: &mut Cx<'_>) {
         let Some(raw) = NonNull::new(e.id()) else { return };
         let data = e.private_data();
+        let asked = e.read_depths();
         drop(e);
         // SAFETY: the id of a connect request is ours to accept or destroy.
         let id = unsafe { CmId::from_raw(raw, self.id.channel()) };
         let peer = peer_endpoint(&id, &shared.local);
-        match Handshake::start(shared, id, &data, peer.clone(), cx.now()) {
+        match Handshake::start(shared, id, (&data, asked), peer.clone(), cx.now()) {
             Ok(task) => cx.spawn(Box::new(task)),
             Err(err) => shared.failed(&peer, &err),
         }
@@ -331,10 +334,12 @@ struct Handshake {
 impl Handshake {
     /// Check the peer's hello, admit it to the shared receive queue, move
     /// its id to the transport's event channel, create its QP and accept.
+    /// `asked`: the READ depths of the request (its responder resources and
+    /// initiator depth), which ours may not exceed.
     fn start(
         shared: &Arc<Shared>,
         mut id: CmId,
-        data: &[u8],
+        (data, asked): (&[u8], (u8, u8)),
         peer: Endpoint,
         now: Instant,
     ) -> Result<Self, ConnectError> {
@@ -371,7 +376,12 @@ impl Handshake {
         let id = Arc::new(id);
         let io = prepare(t, &id, shaped)?;
         let ours = t.hello(&shared.link, &io).encode();
-        let mut param = conn_param(t, &ours);
+        // We serve at most the READs the peer issues, and issue at most
+        // those it serves (at least one: a peer that serves none fails its
+        // first rendezvous rather than stalling it).
+        let (responder, initiator) = t.read_depths();
+        let depths = (responder.min(asked.1), initiator.min(asked.0).max(1));
+        let mut param = conn_param(t, &ours, depths);
         // SAFETY: live id with a QP; `param` and `ours` outlive the call.
         let rc = unsafe { rdma_sys::rdma_accept(id.as_ptr(), &mut param) };
         if rc != 0 {

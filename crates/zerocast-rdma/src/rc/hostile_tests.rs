@@ -98,7 +98,10 @@ impl Attacker {
             recv_buf_size: RECV as u32,
             heartbeat_ms: 0,
         };
-        let ours = OobInfo { hello, qpn: qp.qp_num(), psn, lid: local.lid, gid: local.gid, rkey: 0, addr: 0 };
+        // `reads: 0`: a record without the READ depth, as from a side that
+        // predates it (the victim then issues one READ at a time to us).
+        let (lid, gid) = (local.lid, local.gid);
+        let ours = OobInfo { hello, qpn: qp.qp_num(), psn, reads: 0, lid, gid, rkey: 0, addr: 0 };
         sock.write_all(&ours.encode()).expect("send our info");
         let mut theirs = [0u8; INFO_LEN];
         sock.read_exact(&mut theirs).expect("read the victim's info");
@@ -289,6 +292,10 @@ fn hostile_peer_reaches_only_the_message_it_was_sent_and_only_until_its_finish()
             let victim_at = at.clone();
             let attacker = thread::spawn(move || Attacker::connect(&t, &victim_at));
             let victim_conn = victim_sends(&listener, seed);
+            // The attacker's record does not say how many READs it serves
+            // (as from a side that predates the field): one at a time.
+            let victim_io = &victim_conn.resources::<Resources>().expect("RC resources").0;
+            assert_eq!(victim_io.qp().read_depth(), 1, "READ depth towards a peer that serves one");
             let mut a = attacker.join().expect("attacker connects");
             let d = a.descriptor();
             old_keys.push(d);

@@ -37,6 +37,8 @@ mod one_sided;
 mod oob;
 mod oob_connect;
 mod oob_listen;
+#[cfg(test)]
+mod read_depth_tests;
 mod rendezvous;
 mod srq;
 #[cfg(test)]
@@ -572,6 +574,15 @@ impl RcTransport {
     }
 
     /// Our hello for a connection on `io`: its own window and buffer size.
+    /// The RDMA READ depths this side offers, `(responder resources,
+    /// initiator depth)`: [`rendezvous::READ_DEPTH`] each, within the
+    /// device's limits.
+    fn read_depths(&self) -> (u8, u8) {
+        let attr = self.inner.device.context().attr();
+        let clamp = |max: u32| max.clamp(1, rendezvous::READ_DEPTH as u32) as u8;
+        (clamp(attr.max_qp_rd_atom), clamp(attr.max_qp_init_rd_atom))
+    }
+
     fn hello(&self, link: &LinkConfig, io: &Io) -> Hello {
         zerocast_link::hello_for(&link.with_recv_window(io.recv_window() as u32), io.buf_size())
     }
@@ -669,6 +680,7 @@ impl RcTransport {
             return Err(handshake(ConnError::transport(RcError::Config(msg))));
         }
         io.rendezvous().set_peer_eager(peer_hello.recv_buf_size as usize);
+        io.rendezvous().set_read_depth(io.qp().read_depth() as usize);
         // The window this side announced: its shape's.
         let link = link.with_recv_window(io.recv_window() as u32);
         let setup = LinkSetup {

@@ -37,7 +37,13 @@ const H: usize = 4 + HELLO_LEN;
 pub(super) struct OobInfo {
     pub(super) hello: Hello,
     pub(super) qpn: u32,
+    /// 24 bits on the wire, in the low bytes of a word whose top byte is
+    /// `reads`.
     pub(super) psn: u32,
+    /// RDMA READs this side serves at once (its responder resources), at
+    /// least 1: a record that says 0 (one from a side that predates the
+    /// field) means 1.
+    pub(super) reads: u8,
     pub(super) lid: u16,
     pub(super) gid: [u8; 16],
     /// Exposed region (none yet: zero).
@@ -51,7 +57,8 @@ impl OobInfo {
         b[..4].copy_from_slice(MAGIC);
         b[4..H].copy_from_slice(&self.hello.encode());
         b[H..H + 4].copy_from_slice(&self.qpn.to_le_bytes());
-        b[H + 4..H + 8].copy_from_slice(&self.psn.to_le_bytes());
+        b[H + 4..H + 8]
+            .copy_from_slice(&(self.psn & 0x00ff_ffff | u32::from(self.reads) << 24).to_le_bytes());
         b[H + 8..H + 10].copy_from_slice(&self.lid.to_le_bytes());
         b[H + 10..H + 26].copy_from_slice(&self.gid);
         b[H + 26..H + 30].copy_from_slice(&self.rkey.to_le_bytes());
@@ -73,6 +80,7 @@ impl OobInfo {
             hello,
             qpn: u32_at(H),
             psn: u32_at(H + 4) & 0x00ff_ffff,
+            reads: b[H + 7].max(1),
             lid: u16::from_le_bytes([b[H + 8], b[H + 9]]),
             gid,
             rkey: u32_at(H + 26),
@@ -183,7 +191,8 @@ pub(super) fn to_rtr_rts(
     a.path_mtu = local.mtu;
     a.dest_qp_num = peer.qpn;
     a.rq_psn = peer.psn;
-    a.max_dest_rd_atomic = 1;
+    let (responder, initiator) = t.read_depths();
+    a.max_dest_rd_atomic = responder;
     a.min_rnr_timer = cfg.min_rnr_timer;
     a.ah_attr.port_num = local.qp_port;
     a.ah_attr.dlid = peer.lid;
@@ -207,7 +216,8 @@ pub(super) fn to_rtr_rts(
     a.retry_cnt = cfg.retry_cnt;
     a.rnr_retry = cfg.rnr_retry;
     a.sq_psn = my_psn;
-    a.max_rd_atomic = 1;
+    // No more READs at once than the peer serves.
+    a.max_rd_atomic = initiator.min(peer.reads);
     let mask = m::IBV_QP_STATE
         | m::IBV_QP_TIMEOUT
         | m::IBV_QP_RETRY_CNT
@@ -249,8 +259,9 @@ impl Ours {
         let qpn = qp.qp_num();
         let io = t.new_io(qp, (cq, notify), sizes, receives).map_err(transport_err)?;
         let psn = random_psn();
-        let info =
-            OobInfo { hello: t.hello(link, &io), qpn, psn, lid: local.lid, gid: local.gid, rkey: 0, addr: 0 };
+        let hello = t.hello(link, &io);
+        let reads = t.read_depths().0;
+        let info = OobInfo { hello, qpn, psn, reads, lid: local.lid, gid: local.gid, rkey: 0, addr: 0 };
         Ok(Self { io, local, psn, info })
     }
 
@@ -414,6 +425,7 @@ mod tests {
             },
             qpn: 17,
             psn: 0x12_3456,
+            reads: 4,
             lid: 0,
             gid: [7; 16],
             rkey: 0,
@@ -421,6 +433,10 @@ mod tests {
         };
         assert_eq!(OobInfo::decode(&info.encode()).expect("decode"), info);
         assert!(OobInfo::decode(&[0u8; INFO_LEN]).is_err());
+        // A record without the READ depth (a zero top byte) serves one.
+        let mut old = info.encode();
+        old[H + 7] = 0;
+        assert_eq!(OobInfo::decode(&old).expect("decode").reads, 1);
         assert_eq!(mtu_enum(1024), 3);
         assert_eq!(mtu_enum(4096), 5);
     }

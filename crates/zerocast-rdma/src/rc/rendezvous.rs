@@ -16,10 +16,16 @@
 //!
 //! 3. allocates a pool buffer of the announced length and RDMA-READs the
 //!    payload into it. Frames arriving meanwhile wait behind it, so messages
-//!    are delivered in order;
-//! 4. sends a `Rendezvous` frame with no payload: the *finish*;
-//! 5. delivers the read buffer as the data frame. Its release reposts a
-//!    receive buffer and returns the credit, as for any message.
+//!    are delivered in order. Up to the connection's READ depth of requests
+//!    are read at once (see [`READ_DEPTH`]): the next READ is in the
+//!    device's hands when one completes, so neither the wake-up of the
+//!    thread that polls the CQ nor a READ's round trip leaves the link idle
+//!    between two large messages;
+//! 4. when a READ completes (READs complete in the order they were posted),
+//!    sends a `Rendezvous` frame with no payload: the *finish*;
+//! 5. delivers the read buffer as the data frame, once every frame ahead of
+//!    it is delivered. Its release reposts a receive buffer and returns the
+//!    credit, as for any message.
 //!
 //! On the finish, the sender revokes the oldest grant (deregisters it) and
 //! then drops its buffer: a READ never races the buffer's reuse, and the
@@ -61,9 +67,16 @@ pub(crate) const MAX_PENDING: usize = 8;
 /// finish's send completion may be polled after the peer, having received
 /// it, already sent the next rendezvous.
 const MAX_FINISHES: usize = 2 * MAX_PENDING;
-/// Send-queue (and CQ) entries rendezvous adds to a connection: one READ
-/// at a time, plus the finishes.
-pub(crate) const SQ_EXTRA: usize = 1 + MAX_FINISHES;
+/// RDMA READs a connection has in flight at most, and the READ depth it
+/// asks the device and the peer for (each side's responder resources and
+/// initiator depth, within the device's limits; the connection reads with
+/// what the setup granted, at least one). Four keep the link busy across a
+/// READ's round trip and the wake-up between two; more would hold more
+/// receive buffers for messages not yet delivered.
+pub(crate) const READ_DEPTH: usize = 4;
+/// Send-queue (and CQ) entries rendezvous adds to a connection: the READs,
+/// plus the finishes.
+pub(crate) const SQ_EXTRA: usize = READ_DEPTH + MAX_FINISHES;
 /// Length of a [`Descriptor`] on the wire.
 pub(crate) const DESC_LEN: usize = 16;
 /// A rendezvous request on the wire: its header, then the descriptor.
@@ -161,16 +174,38 @@ pub(crate) enum Arrival {
     Short(u16, u16, Buf),
 }
 
+/// A frame held behind a rendezvous, in sequence order.
+#[derive(Debug)]
+enum Held {
+    /// A frame that waits only for those ahead of it (never a request).
+    Frame(Arrival),
+    /// A request whose READ is not posted yet: as many READs as the
+    /// connection may have are in flight, or the pool has no buffer.
+    Request(Header, Descriptor),
+    /// A request whose READ is posted into `buf`, with the header of the
+    /// data frame to deliver; `done` once the READ completed and the
+    /// finish is posted: then it is delivered when it reaches the front.
+    Read { header: Header, buf: Buf, done: bool },
+}
+
 #[derive(Debug)]
 struct Inbound {
-    /// The request being read, and the buffer it is read into.
-    active: Option<(Header, Buf)>,
-    /// Frames that arrived behind it.
-    held: VecDeque<Arrival>,
+    /// Frames not yet handed on, in sequence order: a rendezvous (read or
+    /// not) and what arrived behind it.
+    held: VecDeque<Held>,
+    /// READs posted and not yet completed: the first `reading` of `held`'s
+    /// `Held::Read` entries not `done` (READs are posted in order and
+    /// complete in order).
+    reading: usize,
+    /// READs this connection may have in flight (see [`READ_DEPTH`]).
+    depth: usize,
+    /// The most READs it has had in flight at once.
+    #[cfg(test)]
+    peak: usize,
     /// Finish sends posted and not yet completed.
     finishes: usize,
-    /// Since when the request at the front of `held` waits for a pool
-    /// buffer to be read into.
+    /// Since when the first request not yet read waits for a pool buffer
+    /// to be read into.
     starved_since: Option<Instant>,
 }
 
@@ -184,8 +219,8 @@ pub(crate) struct Rendezvous {
     /// [`Rendezvous::has_outbound`] counts them.
     revoking: AtomicUsize,
     inbound: Mutex<Inbound>,
-    /// Frames are held behind a rendezvous: `inbound` has a READ active or
-    /// frames held. Written and read only by the thread polling the CQ,
+    /// Frames are held behind a rendezvous: `inbound` holds frames (a
+    /// request among them). Written and read only by the thread polling the CQ,
     /// under the source's lock (as every arrival, READ start and READ
     /// completion is), so it is exact there: an arrival that finds it
     /// clear goes straight to the link without taking `inbound`'s lock.
@@ -211,8 +246,11 @@ impl Rendezvous {
             outbound: Mutex::new(VecDeque::with_capacity(MAX_PENDING)),
             revoking: AtomicUsize::new(0),
             inbound: Mutex::new(Inbound {
-                active: None,
                 held: VecDeque::with_capacity(held_capacity),
+                reading: 0,
+                depth: 1,
+                #[cfg(test)]
+                peak: 0,
                 finishes: 0,
                 starved_since: None,
             }),
@@ -226,6 +264,18 @@ impl Rendezvous {
     /// The handshake told us the peer's receive-buffer size.
     pub(crate) fn set_peer_eager(&self, bytes: usize) {
         self.peer_eager.store(bytes, Ordering::Release);
+    }
+
+    /// The connection is up with this READ depth (its QP's): read that
+    /// many requests at once, at most [`READ_DEPTH`].
+    pub(crate) fn set_read_depth(&self, depth: usize) {
+        lock(&self.inbound).depth = depth.clamp(1, READ_DEPTH);
+    }
+
+    /// The most READs this connection has had in flight at once.
+    #[cfg(test)]
+    pub(crate) fn peak_reads(&self) -> usize {
+        lock(&self.inbound).peak
     }
 
     /// Whether a payload of `len` bytes goes by rendezvous.
@@ -275,13 +325,13 @@ impl Rendezvous {
     /// No READ or finish of ours is in the device's hands.
     pub(crate) fn is_idle(&self) -> bool {
         let st = lock(&self.inbound);
-        st.active.is_none() && st.finishes == 0
+        st.reading == 0 && st.finishes == 0
     }
 
     /// The connection is over: revoke every grant and release what is held
     /// here. With `flushed`, every work request of the QP has completed;
-    /// without, a READ may still be in the device's hands, so its target
-    /// buffer stays here until the connection's `Io` drops, after its QP
+    /// without, READs may still be in the device's hands, so their target
+    /// buffers stay here until the connection's `Io` drops, after its QP
     /// is destroyed. Grants are revoked either way: a revoked grant reaches
     /// nothing, so its buffer may go back to the pool.
     pub(crate) fn clear(&self, flushed: bool) {
@@ -295,9 +345,11 @@ impl Rendezvous {
         self.revoking.fetch_sub(n, Ordering::AcqRel);
         let mut st = lock(&self.inbound);
         if flushed {
-            st.active = None;
+            st.held.clear();
+            st.reading = 0;
+        } else {
+            st.held.retain(|h| matches!(h, Held::Read { done: false, .. }));
         }
-        st.held.clear();
         st.starved_since = None;
         self.holding.store(false, Ordering::Relaxed);
         self.starved.store(false, Ordering::Relaxed);
@@ -345,51 +397,77 @@ pub(crate) fn arrive(io: &Io, driver: &Driver, a: Arrival) -> Result<(), ConnErr
 fn arrive_in_order(io: &Io, driver: &Driver, a: Arrival) -> Result<(), ConnError> {
     let r = io.rendezvous();
     let mut st = lock(&r.inbound);
-    if st.active.is_some() || !st.held.is_empty() {
-        st.held.push_back(a);
-        return Ok(());
+    let request = matches!(a, Arrival::Request(..));
+    st.held.push_back(match a {
+        Arrival::Request(h, d) => Held::Request(h, d),
+        a => Held::Frame(a),
+    });
+    if request || st.held.len() == 1 {
+        // A request may start its READ now; a frame alone may go on now.
+        return drain_held(io, driver, &mut st);
     }
-    process(io, driver, &mut st, a)
+    Ok(())
 }
 
-fn process(io: &Io, driver: &Driver, st: &mut Inbound, a: Arrival) -> Result<(), ConnError> {
-    st.held.push_back(a);
-    drain_held(io, driver, st)
-}
-
-/// Hand the held frames on in order until a READ is active or a request
-/// waits for a pool buffer; then record what is held.
+/// Hand the held frames on in order until the front one waits for its READ
+/// (or for a pool buffer to be read into), start the READs the connection
+/// may have in flight, in order; then record what is held.
 fn drain_held(io: &Io, driver: &Driver, st: &mut Inbound) -> Result<(), ConnError> {
     let r = io.rendezvous();
-    let result = loop {
-        if st.active.is_some() {
-            break Ok(());
-        }
-        let Some(a) = st.held.pop_front() else { break Ok(()) };
-        let done = match a {
-            Arrival::Frame(h) => driver.on_frame(h, None),
-            Arrival::Immediate(imm, buf) => driver.on_immediate(imm, buf),
-            Arrival::Short(credits, seq_low, buf) => driver.on_short(credits, seq_low, buf),
-            Arrival::Request(h, d) => match start_read(io, st, h, d) {
-                Ok(true) => Ok(()),
-                // No buffer yet: it waits at the front, and so does
-                // everything behind it.
-                Ok(false) => {
-                    st.held.push_front(Arrival::Request(h, d));
-                    break Ok(());
-                }
-                Err(e) => Err(ConnError::transport(e)),
-            },
-        };
-        if let Err(e) = done {
-            break Err(e);
-        }
-    };
+    let result = deliver_front(driver, st).and_then(|()| start_reads(io, st).map_err(ConnError::transport));
     // Left set on an error: the connection has failed, and what arrives
     // after it stays held.
-    r.holding.store(result.is_err() || st.active.is_some() || !st.held.is_empty(), Ordering::Relaxed);
-    r.starved.store(st.active.is_none() && st.starved_since.is_some(), Ordering::Relaxed);
+    r.holding.store(result.is_err() || !st.held.is_empty(), Ordering::Relaxed);
+    r.starved.store(st.starved_since.is_some(), Ordering::Relaxed);
     result
+}
+
+/// Hand on the frames at the front that wait for nothing: frames, and
+/// rendezvous read and finished.
+fn deliver_front(driver: &Driver, st: &mut Inbound) -> Result<(), ConnError> {
+    loop {
+        match st.held.front() {
+            Some(Held::Frame(_) | Held::Read { done: true, .. }) => {}
+            _ => return Ok(()),
+        }
+        match st.held.pop_front() {
+            Some(Held::Frame(Arrival::Frame(h))) => driver.on_frame(h, None)?,
+            Some(Held::Frame(Arrival::Immediate(imm, buf))) => driver.on_immediate(imm, buf)?,
+            Some(Held::Frame(Arrival::Short(credits, seq_low, buf))) => {
+                driver.on_short(credits, seq_low, buf)?
+            }
+            Some(Held::Read { header, buf, .. }) => driver.on_frame(header, Some(buf))?,
+            // Requests are held as `Held::Request`, never as frames.
+            Some(Held::Frame(Arrival::Request(..)) | Held::Request(..)) | None => {
+                unreachable!("only deliverable frames are popped")
+            }
+        }
+    }
+}
+
+/// Post the READs of the requests not yet read, oldest first, while the
+/// connection may have more in flight and the pool has buffers for them.
+fn start_reads(io: &Io, st: &mut Inbound) -> Result<(), RcError> {
+    let mut i = 0;
+    while st.reading < st.depth && i < st.held.len() {
+        if let Held::Request(h, d) = st.held[i] {
+            match start_read(io, st, d)? {
+                Some(buf) => {
+                    let header = Header::new(FrameKind::Data, h.credits, h.seq, u64::from(d.len));
+                    st.held[i] = Held::Read { header, buf, done: false };
+                    st.reading += 1;
+                    #[cfg(test)]
+                    {
+                        st.peak = st.peak.max(st.reading);
+                    }
+                }
+                // No buffer yet: it waits, and so do the requests behind it.
+                None => return Ok(()),
+            }
+        }
+        i += 1;
+    }
+    Ok(())
 }
 
 /// Try again to start a rendezvous that waits for a pool buffer (called by
@@ -400,11 +478,11 @@ pub(crate) fn retry(io: &Io, driver: &Driver) -> Result<(), ConnError> {
     drain_held(io, driver, &mut st)
 }
 
-/// Start the READ of a rendezvous: `Ok(false)` when the pool has no
-/// buffer for it now (the caller keeps the request and tries again), an
-/// error once it has waited [`ALLOC_PATIENCE`] or the pool refuses for
-/// good.
-fn start_read(io: &Io, st: &mut Inbound, header: Header, d: Descriptor) -> Result<bool, RcError> {
+/// Post the READ of a rendezvous into a new pool buffer, returned: `None`
+/// when the pool has no buffer for it now (the caller keeps the request
+/// and tries again), an error once it has waited [`ALLOC_PATIENCE`] or the
+/// pool refuses for good.
+fn start_read(io: &Io, st: &mut Inbound, d: Descriptor) -> Result<Option<Buf>, RcError> {
     let len = d.len as usize;
     let pool_error = |source| RcError::Pool { what: "a rendezvous read", len, source };
     let buf = match io.pool().alloc_or_wake(len, io.pool_waker()) {
@@ -414,7 +492,7 @@ fn start_read(io: &Io, st: &mut Inbound, header: Header, d: Descriptor) -> Resul
             if since.elapsed() >= ALLOC_PATIENCE {
                 return Err(pool_error(e));
             }
-            return Ok(false);
+            return Ok(None);
         }
         Err(e) => return Err(pool_error(e)),
     };
@@ -430,40 +508,44 @@ fn start_read(io: &Io, st: &mut Inbound, header: Header, d: Descriptor) -> Resul
     wr.wr.rdma.remote_addr = d.addr;
     wr.wr.rdma.rkey = d.rkey;
     // SAFETY: the SGE covers `d.len` bytes of a registered pool buffer of
-    // this QP's PD; the buffer is kept in `st.active` until the READ's
-    // completion is polled (or the connection is over and the QP flushed);
-    // `sge` outlives the call, which copies the WR.
+    // this QP's PD; our caller keeps the buffer in `st.held` until the
+    // READ's completion is polled (or the connection is over and the QP
+    // flushed); `sge` outlives the call, which copies the WR.
     unsafe { io.qp().post_send(std::slice::from_mut(&mut wr)) }
         .map_err(|(_, e)| RcError::verbs("ibv_post_send (rendezvous read)", e))?;
-    st.active = Some((Header::new(FrameKind::Data, header.credits, header.seq, u64::from(d.len)), buf));
-    io.rendezvous().holding.store(true, Ordering::Relaxed);
-    Ok(true)
+    Ok(Some(buf))
 }
 
-/// The READ of the active rendezvous completed: finish it, deliver the
-/// message, then the frames that waited behind it.
+/// The oldest READ in flight completed: finish its rendezvous, then deliver
+/// what it and the READs before it let through, and start the next READs.
 pub(crate) fn on_read_done(io: &Io, driver: &Driver, status: u32, vendor_err: u32) -> Result<(), ConnError> {
     let r = io.rendezvous();
     let mut st = lock(&r.inbound);
-    let Some((header, mut buf)) = st.active.take() else {
+    let st = &mut *st;
+    let oldest = st.held.iter_mut().find_map(|h| match h {
+        Held::Read { header, buf, done: done @ false } => Some((header, buf, done)),
+        _ => None,
+    });
+    let Some((header, buf, done)) = oldest else {
         return Err(ConnError::transport(RcError::BadFrame(
-            "rendezvous read completion with none active".into(),
+            "rendezvous read completion with none in flight".into(),
         )));
     };
+    st.reading = st.reading.saturating_sub(1);
     if status != ibv_wc_status::IBV_WC_SUCCESS {
         return Err(ConnError::transport(RcError::from_wc_status(status, vendor_err)));
     }
     buf.try_set_len(header.len as usize).map_err(ConnError::transport)?;
+    *done = true;
     // The finish goes before the delivery: its send is queued ahead of any
     // credit this message's release returns, so the sender always has the
     // finish before the credit.
-    post_finish(io, &r.finish, &mut st).map_err(ConnError::transport)?;
-    driver.on_frame(header, Some(buf))?;
-    drain_held(io, driver, &mut st)
+    post_finish(io, &r.finish, &mut st.finishes).map_err(ConnError::transport)?;
+    drain_held(io, driver, st)
 }
 
-fn post_finish(io: &Io, slab: &HeaderSlab, st: &mut Inbound) -> Result<(), RcError> {
-    if st.finishes >= MAX_FINISHES {
+fn post_finish(io: &Io, slab: &HeaderSlab, finishes: &mut usize) -> Result<(), RcError> {
+    if *finishes >= MAX_FINISHES {
         return Err(RcError::BadFrame(format!(
             "the peer has more than {MAX_PENDING} rendezvous unfinished, the protocol's limit"
         )));
@@ -480,7 +562,7 @@ fn post_finish(io: &Io, slab: &HeaderSlab, st: &mut Inbound) -> Result<(), RcErr
     // and kept alive with the connection's `Io`; `sge` outlives the call.
     unsafe { io.qp().post_send(std::slice::from_mut(&mut wr)) }
         .map_err(|(_, e)| RcError::verbs("ibv_post_send (rendezvous finish)", e))?;
-    st.finishes += 1;
+    *finishes += 1;
     Ok(())
 }
 

@@ -1,0 +1,110 @@
+//! Rendezvous READs in flight at once, over both connection setups (guest
+//! only).
+//!
+//! Both ends ask for [`READ_DEPTH`] READs at once (within the device's
+//! limits), rdma_cm or the side channel carries that, and the receiver
+//! then has that many READs in the device's hands while large messages
+//! queue, delivering them, and the small frames between them, in order
+//! and intact.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use zerocast_core::{Connection as _, Endpoint, LinkConfig, Listener as _, Transport as _};
+use zerocast_mem::PoolConfig;
+
+use super::rendezvous::READ_DEPTH;
+use super::{RcConfig, RcConnection, RcTransport, Resources};
+
+const WAIT: Duration = Duration::from_secs(30);
+const MIB: usize = 1 << 20;
+/// Messages sent: every other one of 1 MiB (by rendezvous), the others of
+/// 100 bytes and up.
+const N: u32 = 24;
+
+fn len_of(n: u32) -> usize {
+    if n % 2 == 0 {
+        MIB
+    } else {
+        100 + n as usize
+    }
+}
+
+fn pattern(i: usize, seed: u32) -> u8 {
+    (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed).to_le_bytes()[1]
+}
+
+fn read_depth(conn: &RcConnection) -> u32 {
+    conn.resources::<Resources>().expect("RC resources").0.qp().read_depth()
+}
+
+fn peak_reads(conn: &RcConnection) -> usize {
+    conn.resources::<Resources>().expect("RC resources").0.rendezvous().peak_reads()
+}
+
+fn reads_in_flight_and_in_order(scheme: &str) {
+    let addr = std::env::var("ZEROCAST_RDMA_ADDR").unwrap_or_else(|_| "10.0.2.15".to_owned());
+    // Receive buffers of 4 KiB: the large messages go by rendezvous.
+    let link = LinkConfig::default().with_max_payload(2 * MIB as u64);
+    let cfg = RcConfig::default().with_eager_limit(4096).with_link(link);
+    let pool = PoolConfig::default().with_max_bytes(256 * MIB);
+    let t = RcTransport::new(cfg, pool).expect("RC transport");
+    let ep = Endpoint::parse(&format!("{scheme}://{addr}:0")).expect("endpoint");
+    let listener = t.listen(&ep).expect("listen");
+    let at = listener.local_endpoint().clone();
+    let t2 = t.clone();
+    let client = thread::spawn(move || t2.connect(&at).expect("connect"));
+    let server = listener.accept().expect("accept");
+    let client = client.join().expect("client");
+
+    let device = t.device().context().attr().clone();
+    let want = READ_DEPTH.min(device.max_qp_init_rd_atom as usize).min(device.max_qp_rd_atom as usize).max(1);
+    println!(
+        "{scheme}: device max_qp_rd_atom {}, max_qp_init_rd_atom {}; depths: client {}, server {}",
+        device.max_qp_rd_atom,
+        device.max_qp_init_rd_atom,
+        read_depth(&client),
+        read_depth(&server)
+    );
+    assert_eq!(read_depth(&server) as usize, want, "the server's READ depth");
+    assert_eq!(read_depth(&client) as usize, want, "the client's READ depth");
+
+    // Write every message first, then send them all before the server
+    // reads any: the requests arrive together, faster than a READ
+    // completes, so the server's READs overlap.
+    let msgs: Vec<_> = (0..N)
+        .map(|n| {
+            let mut m = client.alloc(len_of(n), Some(Instant::now() + WAIT)).expect("alloc");
+            m[..4].copy_from_slice(&n.to_le_bytes());
+            for (i, b) in m[4..].iter_mut().enumerate() {
+                *b = pattern(i, n);
+            }
+            m
+        })
+        .collect();
+    for m in msgs {
+        client.send(m, Some(Instant::now() + WAIT)).map_err(|e| e.to_string()).expect("send");
+    }
+    for n in 0..N {
+        let m = server.recv(Some(Instant::now() + WAIT)).unwrap_or_else(|e| panic!("message {n}: {e}"));
+        let seed = u32::from_le_bytes(m[..4].try_into().expect("4 bytes"));
+        assert_eq!((seed, m.len()), (n, len_of(n)), "lost, reordered or resized");
+        assert!(m[4..].iter().enumerate().all(|(i, &b)| b == pattern(i, seed)), "message {n} corrupted");
+    }
+    let peak = peak_reads(&server);
+    println!("{scheme}: {N} messages in order, at most {peak} READs in flight at once");
+    assert_eq!(peak, want, "READs in flight at once");
+    client.close();
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn rdma_cm_negotiates_the_read_depth_and_the_receiver_reads_that_many_at_once_in_order() {
+    reads_in_flight_and_in_order("rc");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn the_side_channel_carries_the_read_depth_and_the_receiver_reads_that_many_at_once_in_order() {
+    reads_in_flight_and_in_order("rc+oob");
+}

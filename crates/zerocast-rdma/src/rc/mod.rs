@@ -573,7 +573,6 @@ impl RcTransport {
         Ok((sizes, Receives::Own(reservation)))
     }
 
-    /// Our hello for a connection on `io`: its own window and buffer size.
     /// The RDMA READ depths this side offers, `(responder resources,
     /// initiator depth)`: [`rendezvous::READ_DEPTH`] each, within the
     /// device's limits.
@@ -583,6 +582,7 @@ impl RcTransport {
         (clamp(attr.max_qp_rd_atom), clamp(attr.max_qp_init_rd_atom))
     }
 
+    /// Our hello for a connection on `io`: its own window and buffer size.
     fn hello(&self, link: &LinkConfig, io: &Io) -> Hello {
         zerocast_link::hello_for(&link.with_recv_window(io.recv_window() as u32), io.buf_size())
     }

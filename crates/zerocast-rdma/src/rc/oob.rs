@@ -1,10 +1,12 @@
 //! `rc+oob://`: connecting through a TCP side channel.
 //!
 //! Each side creates its CQ and QP, moves the QP to INIT and posts its
-//! receives, then both write one [`OobInfo`] (hello, QP number, PSN, LID,
-//! GID, and a placeholder region) and read the peer's. Each drives its QP
-//! to RTR (towards the peer's QPN/PSN/GID) and RTS, and the two exchange a
-//! ready byte, so neither sends before the other can receive.
+//! receives, then both write one [`OobInfo`] (hello, QP number, PSN, the
+//! RDMA READs it serves at once, LID, GID, and a placeholder region) and
+//! read the peer's. Each drives its QP to RTR (towards the peer's
+//! QPN/PSN/GID) and RTS, issuing no more READs at once than the peer
+//! serves, and the two exchange a ready byte, so neither sends before the
+//! other can receive.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};

@@ -102,6 +102,25 @@ zc_summary() {
         printf "%.2fx [%.2f-%.2f]", m, v[1], v[NR] }'
 }
 
+# The GID index of port 1 of verbs device $1 that holds address $2 as an
+# IPv4-mapped RoCE v2 GID (perftest's -x), waiting up to 10 s for it.
+zc_roce_gid_index() {
+    local dev="$1" a b c d want f n gid type i
+    IFS=. read -r a b c d <<<"$2"
+    want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d")
+    for ((i = 0; i < 50; i++)); do
+        for f in /sys/class/infiniband/"$dev"/ports/1/gids/*; do
+            n=${f##*/}
+            read -r gid <"$f" 2>/dev/null || continue
+            [ "$gid" = "$want" ] || continue
+            read -r type <"/sys/class/infiniband/$dev/ports/1/gid_attrs/types/$n" 2>/dev/null || continue
+            [ "$type" = "RoCE v2" ] && { echo "$n"; return 0; }
+        done
+        sleep 0.2
+    done
+    return 1
+}
+
 # Wait up to 20 s for a TCP port to be listened on (state 0A: LISTEN).
 zc_wait_listen() {
     local hex i

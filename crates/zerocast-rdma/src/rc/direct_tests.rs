@@ -19,6 +19,7 @@ use zerocast_core::{Connection as _, Endpoint, Listener as _, Transport as _};
 use zerocast_link::{Notify, SharedSource};
 use zerocast_mem::PoolConfig;
 
+use super::guest_test_util::addr;
 use super::{RcConfig, RcTransport};
 
 const ROUNDS: u64 = 2_000;
@@ -28,10 +29,6 @@ const TOLD: u64 = 1;
 
 fn soon(secs: u64) -> Instant {
     Instant::now() + Duration::from_secs(secs)
-}
-
-fn addr() -> String {
-    std::env::var("ZEROCAST_RDMA_ADDR").unwrap_or_else(|_| "10.0.2.15".to_owned())
 }
 
 /// What the link reports (a message the engine delivered at its timer,

@@ -17,13 +17,10 @@ use std::time::{Duration, Instant};
 use zerocast_core::{Connection as _, Endpoint, Listener as _, Transport as _};
 use zerocast_mem::PoolConfig;
 
+use super::guest_test_util::{addr, pattern};
 use super::{RcConfig, RcTransport};
 
 const WAIT: Duration = Duration::from_secs(20);
-
-fn pattern(i: usize, seed: u32) -> u8 {
-    (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed).to_le_bytes()[1]
-}
 
 /// The `VmFlags` of the mapping of `/proc/self/smaps` that holds `addr`.
 fn vm_flags(addr: u64) -> String {
@@ -72,7 +69,7 @@ fn child_probes(addr: u64) -> i32 {
 #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
 fn fork_during_a_stream_shares_no_registered_page_and_loses_nothing() {
     println!("fork protection: {:?}", crate::device::fork_protection());
-    let addr = std::env::var("ZEROCAST_RDMA_ADDR").unwrap_or_else(|_| "10.0.2.15".to_owned());
+    let addr = addr();
     let t = RcTransport::new(RcConfig::default(), PoolConfig::default()).expect("RC transport");
     let listener = t.listen(&Endpoint::parse(&format!("rc://{addr}:0")).expect("endpoint")).expect("listen");
     let at = listener.local_endpoint().clone();

@@ -25,6 +25,7 @@ use rdma_sys::{
 use zerocast_core::{Connection as _, Endpoint, FrameKind, Header, Hello, Listener as _, Transport as _};
 use zerocast_mem::{Buf, PoolConfig, Wait};
 
+use super::guest_test_util::{addr, pattern};
 use super::oob::{local_port, random_psn, to_init, to_rtr_rts, OobInfo, INFO_LEN};
 use super::rendezvous::{Descriptor, DESC_LEN};
 use super::{RcConfig, RcConnection, RcTransport, Resources};
@@ -38,16 +39,8 @@ const RECV: usize = 4096;
 const POSTED: usize = 16;
 const WAIT: Duration = Duration::from_secs(20);
 
-fn addr() -> String {
-    std::env::var("ZEROCAST_RDMA_ADDR").unwrap_or_else(|_| "10.0.2.15".to_owned())
-}
-
 fn transport() -> RcTransport {
     RcTransport::new(RcConfig::default(), PoolConfig::default()).expect("RC transport")
-}
-
-fn pattern(i: usize, seed: u32) -> u8 {
-    (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed).to_le_bytes()[1]
 }
 
 /// What the attacker reads of a work completion.

@@ -30,6 +30,8 @@ mod error;
 #[cfg(test)]
 mod fork_tests;
 #[cfg(test)]
+mod guest_test_util;
+#[cfg(test)]
 mod hostile_tests;
 mod hub;
 mod listen;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use zerocast_core::{Connection as _, Endpoint, LinkConfig, Listener as _, Transport as _};
 use zerocast_mem::PoolConfig;
 
+use super::guest_test_util::{addr, pattern};
 use super::rendezvous::READ_DEPTH;
 use super::{RcConfig, RcConnection, RcTransport, Resources};
 
@@ -30,10 +31,6 @@ fn len_of(n: u32) -> usize {
     }
 }
 
-fn pattern(i: usize, seed: u32) -> u8 {
-    (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed).to_le_bytes()[1]
-}
-
 fn read_depth(conn: &RcConnection) -> u32 {
     conn.resources::<Resources>().expect("RC resources").0.qp().read_depth()
 }
@@ -43,7 +40,7 @@ fn peak_reads(conn: &RcConnection) -> usize {
 }
 
 fn reads_in_flight_and_in_order(scheme: &str) {
-    let addr = std::env::var("ZEROCAST_RDMA_ADDR").unwrap_or_else(|_| "10.0.2.15".to_owned());
+    let addr = addr();
     // Receive buffers of 4 KiB: the large messages go by rendezvous.
     let link = LinkConfig::default().with_max_payload(2 * MIB as u64);
     let cfg = RcConfig::default().with_eager_limit(4096).with_link(link);

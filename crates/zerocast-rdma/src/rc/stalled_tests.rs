@@ -24,6 +24,7 @@ use rdma_sys::rdma_cm_event_type as ev;
 use zerocast_core::{Connection as _, Endpoint, Listener as _, Transport as _};
 use zerocast_mem::PoolConfig;
 
+use super::guest_test_util::addr;
 use super::oob::INFO_LEN;
 use super::{RcConfig, RcListener, RcTransport};
 use crate::cm::{CmId, EventChannel};
@@ -36,10 +37,6 @@ const BOUND: Duration = Duration::from_secs(3);
 
 fn soon(secs: u64) -> Instant {
     Instant::now() + Duration::from_secs(secs)
-}
-
-fn addr() -> String {
-    std::env::var("ZEROCAST_RDMA_ADDR").unwrap_or_else(|_| "10.0.2.15".to_owned())
 }
 
 /// The listener's transport: small receive windows and buffers, so every

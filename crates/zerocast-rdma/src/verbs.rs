@@ -289,8 +289,8 @@ impl QueuePair {
     }
 
     /// How many RDMA READs this QP may have outstanding as their initiator
-    /// (`max_rd_atomic`, as the connection's setup negotiated it); 1 when
-    /// the query fails, the least a connected QP has.
+    /// (`max_rd_atomic`, as the connection's setup negotiated it); 1, the
+    /// depth every setup asks for at least, when the query fails.
     pub(crate) fn read_depth(&self) -> u32 {
         // SAFETY: all-zero is a valid `ibv_qp_attr` and `ibv_qp_init_attr`.
         let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -302,7 +302,7 @@ impl QueuePair {
         if rc != 0 {
             return 1;
         }
-        u32::from(attr.max_rd_atomic).max(1)
+        u32::from(attr.max_rd_atomic)
     }
 
     /// Move the QP to the error state: every posted WR completes, flushed.

@@ -193,9 +193,12 @@ struct Inbound {
     /// Frames not yet handed on, in sequence order: a rendezvous (read or
     /// not) and what arrived behind it.
     held: VecDeque<Held>,
-    /// READs posted and not yet completed: the first `reading` of `held`'s
+    /// READs posted whose completion has not been polled yet. While the
+    /// connection is healthy these are the first `reading` of `held`'s
     /// `Held::Read` entries not `done` (READs are posted in order and
-    /// complete in order).
+    /// complete in order); a READ that completes in error leaves its entry
+    /// as it was, and is counted off all the same, so the count, not the
+    /// entries, says when the device is done (`Rendezvous::is_idle`).
     reading: usize,
     /// READs this connection may have in flight (see [`READ_DEPTH`]).
     depth: usize,
@@ -267,7 +270,7 @@ impl Rendezvous {
     }
 
     /// The connection is up with this READ depth (its QP's): read that
-    /// many requests at once, at most [`READ_DEPTH`].
+    /// many requests at once, at least one and at most [`READ_DEPTH`].
     pub(crate) fn set_read_depth(&self, depth: usize) {
         lock(&self.inbound).depth = depth.clamp(1, READ_DEPTH);
     }

@@ -78,6 +78,14 @@ pub enum RcError {
     /// A received frame did not match its completion.
     #[error("received frame is malformed: {0}")]
     BadFrame(String),
+    /// The peer's rdma_cm answer serves no RDMA READs (0 responder
+    /// resources), which leaves this side's QP no READ depth: its messages
+    /// above our receive buffers, which we RDMA-READ, could never arrive.
+    #[error(
+        "the peer serves no RDMA READs (0 responder resources in its answer), so its messages above \
+         our receive buffers could not be read"
+    )]
+    NoReads,
     /// A verbs or rdma_cm call failed.
     #[error("{what} failed")]
     Verbs {
@@ -183,7 +191,9 @@ impl Classify for RcError {
             RcError::PeerDisconnected | RcError::Flushed | RcError::RetryExceeded => ErrorKind::PeerGone,
             // RNR is ruled out by credits; a peer that causes it, or
             // touches memory it was not given, broke the protocol.
-            RcError::RnrRetryExceeded | RcError::RemoteAccess | RcError::BadFrame(_) => ErrorKind::Protocol,
+            RcError::RnrRetryExceeded | RcError::RemoteAccess | RcError::BadFrame(_) | RcError::NoReads => {
+                ErrorKind::Protocol
+            }
             RcError::Completion { status, .. } => match *status {
                 // The responder's QP failed: its process died or it
                 // destroyed the connection under us.

@@ -397,6 +397,11 @@ struct Inner {
     /// Per engine, the completion channel of its connections' CQs, made
     /// for the first.
     comp_hubs: Mutex<Vec<Option<Arc<CompHub>>>>,
+    /// The RDMA READs this side says it serves, instead of what
+    /// [`RcTransport::read_depths`] finds: a test's peer that serves fewer
+    /// (`u8::MAX`: no override).
+    #[cfg(test)]
+    reads_served: std::sync::atomic::AtomicU8,
 }
 
 impl Inner {
@@ -491,7 +496,19 @@ impl RcTransport {
             AsyncEvents::new(device.context()).map_err(|e| transport_err(RcError::verbs("eventfd", e)))?;
         let recv_budget = RecvBudget::new(cfg.recv_memory.unwrap_or(pool.config().max_bytes / 4 * 3));
         let (cm_hub, comp_hubs) = (Mutex::new(None), Mutex::new(Vec::new()));
-        let inner = Inner { engines, device, pd, pool, cfg, events, recv_budget, cm_hub, comp_hubs };
+        let inner = Inner {
+            engines,
+            device,
+            pd,
+            pool,
+            cfg,
+            events,
+            recv_budget,
+            cm_hub,
+            comp_hubs,
+            #[cfg(test)]
+            reads_served: std::sync::atomic::AtomicU8::new(u8::MAX),
+        };
         Ok(Self { inner: Arc::new(inner) })
     }
 
@@ -581,6 +598,13 @@ impl RcTransport {
     fn read_depths(&self) -> (u8, u8) {
         let attr = self.inner.device.context().attr();
         let clamp = |max: u32| max.clamp(1, rendezvous::READ_DEPTH as u32) as u8;
+        #[cfg(test)]
+        {
+            let served = self.inner.reads_served.load(std::sync::atomic::Ordering::Relaxed);
+            if served != u8::MAX {
+                return (served, clamp(attr.max_qp_init_rd_atom));
+            }
+        }
         (clamp(attr.max_qp_rd_atom), clamp(attr.max_qp_init_rd_atom))
     }
 
@@ -682,7 +706,15 @@ impl RcTransport {
             return Err(handshake(ConnError::transport(RcError::Config(msg))));
         }
         io.rendezvous().set_peer_eager(peer_hello.recv_buf_size as usize);
-        io.rendezvous().set_read_depth(io.qp().read_depth() as usize);
+        // A peer that serves no READs (rdma_cm then gives a connecting QP
+        // no READ depth) could never have its large messages read: a QP
+        // with no READ depth may not issue the READs that bring them.
+        // Refuse it now, rather than stall its first rendezvous.
+        let depth = io.qp().read_depth();
+        if depth == 0 {
+            return Err(handshake(ConnError::transport(RcError::NoReads)));
+        }
+        io.rendezvous().set_read_depth(depth as usize);
         // The window this side announced: its shape's.
         let link = link.with_recv_window(io.recv_window() as u32);
         let setup = LinkSetup {

@@ -105,3 +105,61 @@ fn rdma_cm_negotiates_the_read_depth_and_the_receiver_reads_that_many_at_once_in
 fn the_side_channel_carries_the_read_depth_and_the_receiver_reads_that_many_at_once_in_order() {
     reads_in_flight_and_in_order("rc+oob");
 }
+
+/// A listener that says it serves no READs (0 responder resources in its
+/// rdma_cm answer): rdma_cm gives the connecting QP no READ depth, so it
+/// may not issue the READs that bring that peer's large messages. The
+/// connect fails with a typed error naming the cause instead; the same
+/// transport connects again once the peer serves READs.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn a_peer_that_serves_no_reads_is_refused_at_connect() {
+    use std::sync::atomic::Ordering;
+    use zerocast_core::{ConnError, ConnectError, ErrorKind, RecvError};
+
+    use super::RcError;
+
+    let addr = addr();
+    let peer = RcTransport::new(RcConfig::default(), PoolConfig::default()).expect("RC transport");
+    peer.inner.reads_served.store(0, Ordering::Relaxed);
+    let ep = Endpoint::parse(&format!("rc://{addr}:0")).expect("endpoint");
+    let listener = peer.listen(&ep).expect("listen");
+    let at = listener.local_endpoint().clone();
+    let us = RcTransport::new(RcConfig::default(), PoolConfig::default()).expect("RC transport");
+    let err = us.connect(&at).expect_err("a peer that serves no READs is refused");
+    let ConnectError::Handshake { source: ConnError::Transport { kind, source }, .. } = &err else {
+        panic!("not a handshake error of the transport: {err:?}")
+    };
+    assert_eq!(*kind, ErrorKind::Protocol, "the peer's breach: {err:?}");
+    assert!(
+        matches!(source.downcast_ref::<RcError>(), Some(RcError::NoReads)),
+        "the cause is named: {err:?}"
+    );
+
+    // The listener goes on: serving READs again, the next connect succeeds.
+    peer.inner.reads_served.store(u8::MAX, Ordering::Relaxed);
+    let t2 = us.clone();
+    let client = thread::spawn(move || {
+        let c = t2.connect(&at).map_err(|e| e.to_string())?;
+        let mut m = c.alloc(64, Some(Instant::now() + WAIT)).map_err(|e| e.to_string())?;
+        m[..4].copy_from_slice(&7u32.to_le_bytes());
+        c.send(m, Some(Instant::now() + WAIT)).map_err(|e| e.to_string())?;
+        Ok::<_, String>(c)
+    });
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let conn = listener.accept_until(Some(deadline)).expect("a connection within the deadline");
+        // The refused connect may have reached this listener first: it
+        // ends at once (its peer went away); the next one is ours.
+        match conn.recv(Some(deadline)) {
+            Ok(m) => {
+                assert_eq!(&m[..4], &7u32.to_le_bytes(), "the message over the new connection");
+                break;
+            }
+            Err(RecvError::Disconnected | RecvError::Failed(_)) => continue,
+            Err(e) => panic!("the new connection's message: {e}"),
+        }
+    }
+    let client = client.join().expect("client thread").expect("connect once the peer serves READs");
+    assert!(read_depth(&client) >= 1, "a READ depth of at least one");
+}

@@ -102,6 +102,16 @@ zc_summary() {
         printf "%.2fx [%.2f-%.2f]", m, v[1], v[NR] }'
 }
 
+# The ratio of zerocast's best round to the baseline's, as "1.23x", from
+# "baseline zerocast" value pairs on stdin, one round a line; $1 says which
+# value is best: `lower` (a latency) or `higher` (a rate).
+zc_best_ratio() {
+    awk -v lower="$([ "$1" = lower ] && echo 1 || echo 0)" '
+        NR == 1 || (lower ? $1 < b : $1 > b) { b = $1 }
+        NR == 1 || (lower ? $2 < z : $2 > z) { z = $2 }
+        END { if (NR && b > 0) printf "%.2fx", z / b; else print "-" }'
+}
+
 # The GID index of port 1 of verbs device $1 that holds address $2 as an
 # IPv4-mapped RoCE v2 GID (perftest's -x), waiting up to 10 s for it.
 zc_roce_gid_index() {

@@ -260,9 +260,12 @@ impl CmEvent {
         event_name(self.kind())
     }
 
-    /// The RDMA READ depths a connect request asks for: the requester's
-    /// responder resources (READs it serves at once) and initiator depth
-    /// (READs it issues at once).
+    /// The RDMA READ depths of a connect request, from the listener's side:
+    /// `(responder resources, initiator depth)` as the listener should
+    /// answer them at most. rdma_cm swaps the request's two fields on the
+    /// way (the kernel's CM formats the event so), so the first is the
+    /// READs the requester issues at once (its initiator depth) and the
+    /// second those it serves at once (its responder resources).
     pub(crate) fn read_depths(&self) -> (u8, u8) {
         // SAFETY: the event is live; for connection events `param.conn`
         // is the member in use, plain data copied out here.

@@ -127,6 +127,10 @@ fn prepare(
 /// Private data of a rejection for want of receives: the listener's
 /// shared receive queue is full, or its receive memory is all reserved.
 const NO_ROOM: &[u8] = b"ZCSRQFULL";
+/// Private data of a rejection of a peer that serves no RDMA READs (0
+/// responder resources in its request), whose large messages the listener
+/// could therefore never read.
+const NO_READS: &[u8] = b"ZCNOREADS";
 
 fn peer_hello(data: &[u8], peer: &Endpoint) -> Result<Hello, ConnectError> {
     Hello::decode(data)
@@ -228,6 +232,12 @@ pub(super) fn established(
     match e.kind {
         ev::RDMA_CM_EVENT_ESTABLISHED => {}
         ev::RDMA_CM_EVENT_REJECTED if e.private_data.starts_with(NO_ROOM) => return Err(no_room(ep)),
+        ev::RDMA_CM_EVENT_REJECTED if e.private_data.starts_with(NO_READS) => {
+            return Err(ConnectError::Refused(format!(
+                "{ep}: the listener reads large messages by RDMA READ, and this side serves none (0 \
+                 responder resources)"
+            )))
+        }
         ev::RDMA_CM_EVENT_REJECTED => {
             return Err(ConnectError::Refused(format!("{ep}: {}", RcError::Rejected { status: e.status })))
         }
@@ -334,8 +344,9 @@ struct Handshake {
 impl Handshake {
     /// Check the peer's hello, admit it to the shared receive queue, move
     /// its id to the transport's event channel, create its QP and accept.
-    /// `asked`: the READ depths of the request (its responder resources and
-    /// initiator depth), which ours may not exceed.
+    /// `asked`: the READ depths of the request from our side (the
+    /// responder resources and initiator depth it allows us, see
+    /// `CmEvent::read_depths`), which ours may not exceed.
     fn start(
         shared: &Arc<Shared>,
         mut id: CmId,
@@ -352,6 +363,15 @@ impl Handshake {
                 return Err(err);
             }
         };
+        if asked.1 == 0 {
+            // The peer serves no READs: our QP could never read its large
+            // messages. Refuse it now, and say why, rather than accept a
+            // connection whose first rendezvous fails.
+            // SAFETY: live id of a pending request; `NO_READS` is static.
+            unsafe { rdma_sys::rdma_reject(id.as_ptr(), NO_READS.as_ptr().cast(), NO_READS.len() as u8) };
+            let source = ConnError::transport(RcError::NoReads);
+            return Err(ConnectError::Handshake { endpoint: peer.to_string(), source });
+        }
         let member = shared.srq.as_ref().map(SharedRecv::admit).transpose();
         let shaped = match member.and_then(|m| t.shaped(&shared.link, m)) {
             Ok(s) => s,
@@ -377,10 +397,11 @@ impl Handshake {
         let io = prepare(t, &id, shaped)?;
         let ours = t.hello(&shared.link, &io).encode();
         // We serve at most the READs the peer issues, and issue at most
-        // those it serves (at least one: a peer that serves none fails its
-        // first rendezvous rather than stalling it).
+        // those it serves (at least one: a peer that serves none was
+        // refused above). `asked` is already from our side (see
+        // `CmEvent::read_depths`).
         let (responder, initiator) = t.read_depths();
-        let depths = (responder.min(asked.1), initiator.min(asked.0).max(1));
+        let depths = (responder.min(asked.0), initiator.min(asked.1));
         let mut param = conn_param(t, &ours, depths);
         // SAFETY: live id with a QP; `param` and `ours` outlive the call.
         let rc = unsafe { rdma_sys::rdma_accept(id.as_ptr(), &mut param) };

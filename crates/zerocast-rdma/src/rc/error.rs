@@ -78,12 +78,13 @@ pub enum RcError {
     /// A received frame did not match its completion.
     #[error("received frame is malformed: {0}")]
     BadFrame(String),
-    /// The peer's rdma_cm answer serves no RDMA READs (0 responder
-    /// resources), which leaves this side's QP no READ depth: its messages
-    /// above our receive buffers, which we RDMA-READ, could never arrive.
+    /// The peer serves no RDMA READs (0 responder resources in its rdma_cm
+    /// answer or connect request), which leaves this side's QP no READ
+    /// depth: its messages above our receive buffers, which we RDMA-READ,
+    /// could never arrive.
     #[error(
-        "the peer serves no RDMA READs (0 responder resources in its answer), so its messages above \
-         our receive buffers could not be read"
+        "the peer serves no RDMA READs (0 responder resources), so its messages above our receive \
+         buffers could not be read"
     )]
     NoReads,
     /// A verbs or rdma_cm call failed.

@@ -163,3 +163,116 @@ fn a_peer_that_serves_no_reads_is_refused_at_connect() {
     let client = client.join().expect("client thread").expect("connect once the peer serves READs");
     assert!(read_depth(&client) >= 1, "a READ depth of at least one");
 }
+
+/// The other way round: a peer whose connect request serves no READs (0
+/// responder resources), whose large messages the listener could never
+/// read. The listener refuses it, says why in its rejection, and counts a
+/// failed handshake; the connect fails with a refusal naming the cause;
+/// the same two transports connect once that peer serves READs.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn a_connecting_peer_that_serves_no_reads_is_refused_by_the_listener() {
+    use std::sync::atomic::Ordering;
+    use zerocast_core::{ConnectError, ErrorKind};
+
+    let addr = addr();
+    let server = RcTransport::new(RcConfig::default(), PoolConfig::default()).expect("RC transport");
+    let ep = Endpoint::parse(&format!("rc://{addr}:0")).expect("endpoint");
+    let listener = server.listen(&ep).expect("listen");
+    let at = listener.local_endpoint().clone();
+    let peer = RcTransport::new(RcConfig::default(), PoolConfig::default()).expect("RC transport");
+    peer.inner.reads_served.store(0, Ordering::Relaxed);
+    let err = peer.connect(&at).expect_err("a peer that serves no READs is refused");
+    assert!(matches!(err, ConnectError::Refused(_)), "a refusal: {err:?}");
+    assert_eq!(err.kind(), ErrorKind::Refused, "{err:?}");
+    assert!(err.to_string().contains("serves none"), "the cause is named: {err}");
+    let deadline = Instant::now() + WAIT;
+    while listener.stats().handshakes_failed == 0 {
+        assert!(Instant::now() < deadline, "the listener counts the refused handshake");
+        thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(listener.stats().accepted, 0, "nothing accepted");
+
+    // Serving READs again, the same peer connects, and a large message (by
+    // rendezvous: the listener READs it) arrives whole.
+    peer.inner.reads_served.store(u8::MAX, Ordering::Relaxed);
+    let client = thread::spawn(move || {
+        let c = peer.connect(&at).map_err(|e| e.to_string())?;
+        let mut m = c.alloc(MIB, Some(Instant::now() + WAIT)).map_err(|e| e.to_string())?;
+        for (i, b) in m.iter_mut().enumerate() {
+            *b = pattern(i, 3);
+        }
+        c.send(m, Some(Instant::now() + WAIT)).map_err(|e| e.to_string())?;
+        Ok::<_, String>(c)
+    });
+    let conn = listener.accept_until(Some(deadline)).expect("a connection within the deadline");
+    let m = conn.recv(Some(deadline)).expect("the large message");
+    assert_eq!(m.len(), MIB, "its length");
+    assert!(m.iter().enumerate().all(|(i, &b)| b == pattern(i, 3)), "intact");
+    let client = client.join().expect("client thread").expect("connect once the peer serves READs");
+    assert!(read_depth(&client) >= 1 && read_depth(&conn) >= 1, "READ depths of at least one");
+}
+
+/// A connecting peer that serves fewer READs than it issues (1 against
+/// the usual depth): rdma_cm hands the listener the request's two depths
+/// swapped, its own way round, and the listener must read no deeper than
+/// that peer serves while the peer reads as deep as the listener serves.
+/// Large messages both ways then arrive whole and in order, with at most
+/// that many READs in flight on each side.
+///
+/// Before the listener read the two depths the right way round, it
+/// answered this peer with one READ served and took four to issue.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+fn the_listener_reads_no_deeper_than_the_connecting_peer_serves() {
+    use std::sync::atomic::Ordering;
+
+    let addr = addr();
+    let link = LinkConfig::default().with_max_payload(2 * MIB as u64);
+    let cfg = RcConfig::default().with_eager_limit(4096).with_link(link);
+    let pool = PoolConfig::default().with_max_bytes(256 * MIB);
+    let server = RcTransport::new(cfg.clone(), pool.clone()).expect("RC transport");
+    let ep = Endpoint::parse(&format!("rc://{addr}:0")).expect("endpoint");
+    let listener = server.listen(&ep).expect("listen");
+    let at = listener.local_endpoint().clone();
+    let peer = RcTransport::new(cfg, pool).expect("RC transport");
+    peer.inner.reads_served.store(1, Ordering::Relaxed);
+    let client = thread::spawn(move || peer.connect(&at).expect("connect"));
+    let server_conn = listener.accept().expect("accept");
+    let client = client.join().expect("client");
+
+    let device = server.device().context().attr().clone();
+    let deep = READ_DEPTH.min(device.max_qp_init_rd_atom as usize).min(device.max_qp_rd_atom as usize);
+    assert!(deep > 1, "the device allows more than one READ at once ({deep})");
+    assert_eq!(read_depth(&server_conn), 1, "the listener reads no deeper than the peer serves");
+    assert_eq!(read_depth(&client) as usize, deep, "the peer reads as deep as the listener serves");
+
+    // Every message sent before any is received, so the READs could
+    // overlap up to each side's depth.
+    let stream = |from: &RcConnection, to: &RcConnection| {
+        for n in 0..8u32 {
+            let mut m = from.alloc(MIB, Some(Instant::now() + WAIT)).expect("alloc");
+            for (i, b) in m.iter_mut().enumerate() {
+                *b = pattern(i, n);
+            }
+            from.send(m, Some(Instant::now() + WAIT)).map_err(|e| e.to_string()).expect("send");
+        }
+        for n in 0..8u32 {
+            let m = to.recv(Some(Instant::now() + WAIT)).unwrap_or_else(|e| panic!("message {n}: {e}"));
+            assert_eq!(m.len(), MIB, "message {n}'s length");
+            assert!(
+                m.iter().enumerate().all(|(i, &b)| b == pattern(i, n)),
+                "message {n} lost, reordered or corrupted"
+            );
+        }
+    };
+    stream(&client, &server_conn);
+    stream(&server_conn, &client);
+    let (ours, theirs) = (peak_reads(&server_conn), peak_reads(&client));
+    println!("READs in flight at once: listener {ours} (depth 1), peer {theirs} (depth {deep})");
+    assert_eq!(ours, 1, "the listener's READs in flight at once");
+    // How many of the peer's overlap depends on how fast the listener's
+    // requests come; never more than its depth.
+    assert!((1..=deep).contains(&theirs), "the peer's READs in flight at once: {theirs}");
+    client.close();
+}

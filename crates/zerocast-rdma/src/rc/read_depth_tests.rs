@@ -39,13 +39,25 @@ fn peak_reads(conn: &RcConnection) -> usize {
     conn.resources::<Resources>().expect("RC resources").0.rendezvous().peak_reads()
 }
 
-fn reads_in_flight_and_in_order(scheme: &str) {
-    let addr = addr();
-    // Receive buffers of 4 KiB: the large messages go by rendezvous.
+/// A transport whose receive buffers are 4 KiB, so messages of 1 MiB go
+/// by rendezvous.
+fn rendezvous_transport() -> RcTransport {
     let link = LinkConfig::default().with_max_payload(2 * MIB as u64);
     let cfg = RcConfig::default().with_eager_limit(4096).with_link(link);
     let pool = PoolConfig::default().with_max_bytes(256 * MIB);
-    let t = RcTransport::new(cfg, pool).expect("RC transport");
+    RcTransport::new(cfg, pool).expect("RC transport")
+}
+
+/// The READ depth two zerocast sides on `t`'s device settle on: ours,
+/// within the device's limits.
+fn device_depth(t: &RcTransport) -> usize {
+    let device = t.device().context().attr();
+    READ_DEPTH.min(device.max_qp_init_rd_atom as usize).min(device.max_qp_rd_atom as usize).max(1)
+}
+
+fn reads_in_flight_and_in_order(scheme: &str) {
+    let addr = addr();
+    let t = rendezvous_transport();
     let ep = Endpoint::parse(&format!("{scheme}://{addr}:0")).expect("endpoint");
     let listener = t.listen(&ep).expect("listen");
     let at = listener.local_endpoint().clone();
@@ -55,7 +67,7 @@ fn reads_in_flight_and_in_order(scheme: &str) {
     let client = client.join().expect("client");
 
     let device = t.device().context().attr().clone();
-    let want = READ_DEPTH.min(device.max_qp_init_rd_atom as usize).min(device.max_qp_rd_atom as usize).max(1);
+    let want = device_depth(&t);
     println!(
         "{scheme}: device max_qp_rd_atom {}, max_qp_init_rd_atom {}; depths: client {}, server {}",
         device.max_qp_rd_atom,
@@ -228,21 +240,17 @@ fn the_listener_reads_no_deeper_than_the_connecting_peer_serves() {
     use std::sync::atomic::Ordering;
 
     let addr = addr();
-    let link = LinkConfig::default().with_max_payload(2 * MIB as u64);
-    let cfg = RcConfig::default().with_eager_limit(4096).with_link(link);
-    let pool = PoolConfig::default().with_max_bytes(256 * MIB);
-    let server = RcTransport::new(cfg.clone(), pool.clone()).expect("RC transport");
+    let server = rendezvous_transport();
     let ep = Endpoint::parse(&format!("rc://{addr}:0")).expect("endpoint");
     let listener = server.listen(&ep).expect("listen");
     let at = listener.local_endpoint().clone();
-    let peer = RcTransport::new(cfg, pool).expect("RC transport");
+    let peer = rendezvous_transport();
     peer.inner.reads_served.store(1, Ordering::Relaxed);
     let client = thread::spawn(move || peer.connect(&at).expect("connect"));
     let server_conn = listener.accept().expect("accept");
     let client = client.join().expect("client");
 
-    let device = server.device().context().attr().clone();
-    let deep = READ_DEPTH.min(device.max_qp_init_rd_atom as usize).min(device.max_qp_rd_atom as usize);
+    let deep = device_depth(&server);
     assert!(deep > 1, "the device allows more than one READ at once ({deep})");
     assert_eq!(read_depth(&server_conn), 1, "the listener reads no deeper than the peer serves");
     assert_eq!(read_depth(&client) as usize, deep, "the peer reads as deep as the listener serves");

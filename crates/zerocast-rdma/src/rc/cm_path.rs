@@ -132,6 +132,17 @@ const NO_ROOM: &[u8] = b"ZCSRQFULL";
 /// could therefore never read.
 const NO_READS: &[u8] = b"ZCNOREADS";
 
+/// Reject the pending connect request of `id`, with `why` (at most 255
+/// bytes) as the rejection's private data, none if empty.
+fn reject(id: &CmId, why: &[u8]) {
+    debug_assert!(why.len() <= usize::from(u8::MAX), "rejection data of {} bytes", why.len());
+    let data = if why.is_empty() { ptr::null() } else { why.as_ptr().cast() };
+    // SAFETY: `id` is the live id of a pending request; `data` is null or
+    // `why`, which outlives the call, and its length fits the u8 (every
+    // caller passes one of the short constants above).
+    unsafe { rdma_sys::rdma_reject(id.as_ptr(), data, why.len() as u8) };
+}
+
 fn peer_hello(data: &[u8], peer: &Endpoint) -> Result<Hello, ConnectError> {
     Hello::decode(data)
         .map_err(|e| ConnectError::Handshake { endpoint: peer.to_string(), source: ConnError::Handshake(e) })
@@ -358,8 +369,7 @@ impl Handshake {
         let hello = match peer_hello(data, &peer) {
             Ok(h) => h,
             Err(err) => {
-                // SAFETY: live id of a pending request.
-                unsafe { rdma_sys::rdma_reject(id.as_ptr(), ptr::null(), 0) };
+                reject(&id, &[]);
                 return Err(err);
             }
         };
@@ -367,8 +377,7 @@ impl Handshake {
             // The peer serves no READs: our QP could never read its large
             // messages. Refuse it now, and say why, rather than accept a
             // connection whose first rendezvous fails.
-            // SAFETY: live id of a pending request; `NO_READS` is static.
-            unsafe { rdma_sys::rdma_reject(id.as_ptr(), NO_READS.as_ptr().cast(), NO_READS.len() as u8) };
+            reject(&id, NO_READS);
             let source = ConnError::transport(RcError::NoReads);
             return Err(ConnectError::Handshake { endpoint: peer.to_string(), source });
         }
@@ -379,11 +388,7 @@ impl Handshake {
                 tracing::debug!(%peer, error = %err, "rc listener: refusing a connection");
                 // Say why when there is no room; other failures reject plainly.
                 let no_room = matches!(err, RcError::SrqFull { .. } | RcError::ReceiveMemory { .. });
-                let why = if no_room { NO_ROOM } else { &[] };
-                let data = if why.is_empty() { ptr::null() } else { why.as_ptr().cast() };
-                // SAFETY: live id of a pending request; `data` is null or
-                // `why`, which outlives the call.
-                unsafe { rdma_sys::rdma_reject(id.as_ptr(), data, why.len() as u8) };
+                reject(&id, if no_room { NO_ROOM } else { &[] });
                 return Err(transport_err(err));
             }
         };

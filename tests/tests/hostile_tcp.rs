@@ -2,14 +2,14 @@
 //! error on that one connection; the listener and every other connection
 //! keep working.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use zerocast::core::frame::{MAGIC, VERSION};
-use zerocast::core::{CreditError, FrameError, FrameKind, Header};
+use zerocast::core::{CreditError, FrameError, FrameKind, Header, HEADER_LEN};
 use zerocast::{AcceptError, Config, ConnError, ErrorKind, Listener, RecvError, TcpConfig, Zerocast};
 use zerocast_tests::raw_tcp::{handshaken, handshaken_hello};
 
@@ -328,6 +328,40 @@ fn credits_bound_the_bytes_a_peer_can_park() {
     assert!(matches!(err, ConnError::Credit(CreditError::Overrun { .. })), "{err}");
     assert_eq!(err.kind(), ErrorKind::Protocol);
     drop(held);
+    check_good_peer(&zc, &listener);
+}
+
+/// A peer that takes our goodbye and never answers it, nor ends its
+/// stream, holds a connection the application let go of only until the
+/// close timeout: then the listener's side shuts the socket.
+#[test]
+fn a_peer_that_never_answers_our_goodbye_is_cut_off_at_the_close_timeout() {
+    let timeout = Duration::from_millis(300);
+    let mut cfg = Config::default();
+    cfg.link = cfg.link.with_close_timeout(timeout);
+    let zc = Zerocast::with_config(cfg);
+    let (listener, addr) = listen(&zc);
+    let (mut peer, server) = handshaken(&listener, addr, 8);
+    peer.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
+    let dropped = Instant::now();
+    drop(server);
+    // Frames up to our goodbye (credit frames may come first)...
+    loop {
+        let mut h = [0u8; HEADER_LEN];
+        peer.read_exact(&mut h).expect("frames up to the goodbye");
+        let header = Header::decode(&h, 1 << 20).expect("a valid frame");
+        let mut payload = vec![0u8; header.len as usize];
+        peer.read_exact(&mut payload).expect("its payload");
+        if header.kind == FrameKind::Control {
+            break;
+        }
+    }
+    // ...then nothing until the close timeout, and then the end of stream.
+    let mut rest = [0u8; 64];
+    let n = peer.read(&mut rest).expect("the end of stream, within 10 s");
+    let waited = dropped.elapsed();
+    assert_eq!(n, 0, "nothing after the goodbye");
+    assert!(waited >= timeout, "cut off after {waited:?}, before the close timeout of {timeout:?}");
     check_good_peer(&zc, &listener);
 }
 

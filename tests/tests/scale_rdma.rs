@@ -79,8 +79,14 @@ fn a_thousand_rc_connections_at_defaults_run_on_a_few_threads() {
     assert_eq!(zerocast_tests::rnr_counters(), rnr_before, "RNR counters (received, sent) moved");
     opened.finish();
     // Closed connections give their receive memory back once their QPs
-    // are gone.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // are gone: at once for those whose peer's disconnect came, and at
+    // the close timeout for any whose peer's process ended before its
+    // goodbye or its disconnect went out (its burst of a thousand
+    // disconnect requests may overflow the receiving CM's queue, and a
+    // process's exit sends them once, without retries), plus the flushes'
+    // patience (10 s).
+    let close_timeout = zerocast::LinkConfig::default().close_timeout;
+    let deadline = Instant::now() + close_timeout + Duration::from_secs(60);
     while rc.recv_memory().reserved > 0 {
         assert!(Instant::now() < deadline, "receive memory still reserved: {:?}", rc.recv_memory());
         std::thread::sleep(Duration::from_millis(20));

@@ -50,11 +50,27 @@ pub struct LinkConfig {
     /// is detected without it; a silent one (stopped, or behind a cut link)
     /// only with it.
     pub heartbeat: Option<Duration>,
+    /// How long a connection the application let go of (every handle
+    /// dropped, or both `close` and `close_receiver` called) may take to
+    /// end its goodbye exchange: its last frames and its goodbye out, the
+    /// peer's goodbye in. A peer that holds on past it (it never answers
+    /// and never disconnects: its application keeps the connection open,
+    /// its host hung, or the disconnect was lost on the way) no longer
+    /// holds the connection's memory: the connection fails with
+    /// [`ConnError::TimedOut`](crate::ConnError::TimedOut) and is torn
+    /// down. 30 s by default.
+    pub close_timeout: Duration,
 }
 
 impl Default for LinkConfig {
     fn default() -> Self {
-        Self { recv_window: 64, max_payload: 1 << 20, max_batch: 64, heartbeat: None }
+        Self {
+            recv_window: 64,
+            max_payload: 1 << 20,
+            max_batch: 64,
+            heartbeat: None,
+            close_timeout: Duration::from_secs(30),
+        }
     }
 }
 
@@ -92,6 +108,13 @@ impl LinkConfig {
                     u32::MAX
                 )));
             }
+        }
+        if self.close_timeout.is_zero() || self.close_timeout.as_millis() > u128::from(u32::MAX) {
+            return Err(ConfigError(format!(
+                "close_timeout {:?} must be within 1ms..={}ms",
+                self.close_timeout,
+                u32::MAX
+            )));
         }
         Ok(())
     }
@@ -142,6 +165,12 @@ impl LinkConfig {
         self.heartbeat = interval;
         self
     }
+
+    /// Set the close timeout.
+    pub fn with_close_timeout(mut self, timeout: Duration) -> Self {
+        self.close_timeout = timeout;
+        self
+    }
 }
 
 /// The heartbeat interval a connection uses: the shorter of the two sides'
@@ -190,5 +219,15 @@ mod tests {
         }
         c.apply_params(&Endpoint::parse("tcp://h:1?max_payload=5G").unwrap()).unwrap();
         assert!(c.validate().is_err(), "over 4 GiB");
+    }
+
+    #[test]
+    fn close_timeout_bounds() {
+        let c = LinkConfig::default();
+        assert_eq!(c.close_timeout, Duration::from_secs(30));
+        assert!(c.with_close_timeout(Duration::from_millis(1)).validate().is_ok());
+        assert!(c.with_close_timeout(Duration::ZERO).validate().is_err(), "zero");
+        let too_long = Duration::from_millis(u64::from(u32::MAX) + 1);
+        assert!(c.with_close_timeout(too_long).validate().is_err(), "over u32::MAX ms");
     }
 }

@@ -436,6 +436,27 @@ impl Driver {
         self.shared.wake_engine();
     }
 
+    /// The close timeout ([`zerocast_core::LinkConfig::close_timeout`]) of
+    /// a connection the application let go of. `Ok(Some(deadline))`: its
+    /// goodbye exchange may still end in time; look again at `deadline`.
+    /// `Ok(None)`: no timeout runs (the application holds the connection,
+    /// or the exchange ended, or the connection failed). `Err`: the
+    /// deadline passed at `now`, and the connection has just failed with
+    /// that error: the backend tears it down.
+    pub fn close_deadline(&self, now: Instant) -> Result<Option<Instant>, ConnError> {
+        let mut st = self.shared.lock();
+        let over = st.failed.is_some() || (st.goodbye_sent && st.peer_closed);
+        let Some(deadline) = st.let_go.filter(|_| !over).map(|t| t + self.shared.close_timeout) else {
+            return Ok(None);
+        };
+        if now < deadline {
+            return Ok(Some(deadline));
+        }
+        let err = ConnError::TimedOut("the goodbye exchange did not end within the close timeout");
+        self.shared.fail(&mut st, err.clone());
+        Err(err)
+    }
+
     /// Whether the connection failed or both sides said goodbye.
     pub fn is_finished(&self) -> bool {
         let st = self.shared.lock();

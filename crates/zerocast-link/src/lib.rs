@@ -63,6 +63,8 @@
 
 #[cfg(test)]
 mod batch_tests;
+#[cfg(test)]
+mod close_tests;
 mod completion;
 mod conn;
 #[cfg(test)]

@@ -693,6 +693,9 @@ impl Link {
         let mut st = self.shared.lock();
         if !st.local_closed {
             st.local_closed = true;
+            // The writer's wake below runs the engine task, which sets the
+            // close timeout's timer.
+            self.shared.note_let_go(&mut st);
             self.shared.wake_credit_waiters(&mut st);
             self.shared.wake_writer(&mut st);
             drop(st);
@@ -706,7 +709,14 @@ impl Link {
     /// that arrive later, are released at once so the peer keeps its credit.
     pub fn close_receiver(&self) {
         self.shared.unclaim();
-        self.shared.lock().receiver_gone = true;
+        let let_go = {
+            let mut st = self.shared.lock();
+            st.receiver_gone = true;
+            self.shared.note_let_go(&mut st)
+        };
+        if let_go {
+            self.shared.wake_engine();
+        }
         while let Some(d) = self.shared.delivered.try_pop() {
             match d {
                 Delivery::Msg(buf, _) => drop(RecvBuf::new(buf, self.shared.clone())),

@@ -86,6 +86,10 @@ pub(crate) struct State {
     /// batches them, and the next sequence number expected from the peer
     /// then (see [`crate::wire::STREAM_GAP`]).
     pub(crate) last_large: Option<(Instant, u32)>,
+    /// When the application let go of the connection (closed both of its
+    /// sides): its goodbye exchange must end by then plus
+    /// [`Shared::close_timeout`].
+    pub(crate) let_go: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -108,6 +112,8 @@ pub(crate) struct Shared {
     pub(crate) credit_unit: u32,
     /// The connection's heartbeat interval, if heartbeats are on.
     pub(crate) heartbeat: Option<Duration>,
+    /// See [`zerocast_core::LinkConfig::close_timeout`].
+    pub(crate) close_timeout: Duration,
     /// The backend's write path, when sending threads may drive it.
     pub(crate) wire: Hook<WireLock>,
     /// The backend's read path, when receiving threads may drive it.
@@ -230,6 +236,7 @@ impl Shared {
             last_rx: Instant::now(),
             last_tx: Instant::now(),
             last_large: None,
+            let_go: None,
         };
         let heartbeat =
             zerocast_core::negotiated_heartbeat(setup.config.heartbeat_ms(), setup.peer_hello.heartbeat_ms);
@@ -246,6 +253,7 @@ impl Shared {
             max_payload: setup.config.max_payload,
             credit_unit: setup.credit_unit,
             heartbeat,
+            close_timeout: setup.config.close_timeout,
             wire: Hook::default(),
             source: Hook::default(),
             reposter: Hook::default(),
@@ -357,6 +365,17 @@ impl Shared {
     /// wake is for, and the writer's step comes after it (it would clear
     /// the flag and this wake would be lost). The engine merges wake-ups
     /// that come before the task runs.
+    /// Start the close timeout once the application closed both sides of
+    /// the connection: `true` if it started now (the engine task must then
+    /// look, to set its timer).
+    pub(crate) fn note_let_go(&self, st: &mut State) -> bool {
+        let start = st.local_closed && st.receiver_gone && st.let_go.is_none();
+        if start {
+            st.let_go = Some(Instant::now());
+        }
+        start
+    }
+
     pub(crate) fn wake_engine(&self) {
         if let Some(waker) = self.waker.0.get() {
             waker.wake();

@@ -19,6 +19,8 @@
 
 mod budget;
 mod channel_watch;
+#[cfg(test)]
+mod close_tests;
 mod cm_connect;
 mod cm_hub;
 mod cm_path;

@@ -4,7 +4,8 @@
 //! writes what sending threads queued (and the backlog a full socket left).
 //! It runs when the socket is ready, when the link wakes it (frames queued,
 //! a receiving thread let go of the socket), or at its timer: the
-//! heartbeat's next deadline, or a part-way frame's stall deadline.
+//! heartbeat's next deadline, a part-way frame's stall deadline, or the
+//! close timeout of a connection the application let go of.
 //!
 //! After both goodbyes the write half is shut, but the socket stays open
 //! and is read (its frames checked) until the peer's end of stream: a
@@ -131,6 +132,20 @@ impl Task for ConnTask {
                 self.pump();
             }
         }
+        // The application let go, and the peer did not end the goodbye
+        // exchange within the close timeout: the connection has failed;
+        // shut all of the socket.
+        let close_due = match self.lingering {
+            None => match self.driver.close_deadline(cx.now()) {
+                Ok(due) => due,
+                Err(_) => {
+                    let _ = self.sock.shutdown(Shutdown::Both);
+                    self.reading = false;
+                    return self.end();
+                }
+            },
+            Some(_) => None,
+        };
         let hb_due = tick && self.heartbeat.is_some_and(|t| t <= cx.now());
         let write = first || cx.woken() || cx.writable() || hb_due || !self.reading;
         if self.lingering.is_none() && write {
@@ -170,7 +185,7 @@ impl Task for ConnTask {
         let read = self.reading && !self.awaiting_handback && self.reads_on_readiness();
         cx.set_interest(Interest { read, write: self.backlog });
         let stall = if self.reading { self.attention.get() } else { None };
-        let timer = [stall, self.heartbeat, self.lingering].into_iter().flatten().min();
+        let timer = [stall, self.heartbeat, self.lingering, close_due].into_iter().flatten().min();
         cx.set_timer(timer);
         Step::Continue
     }

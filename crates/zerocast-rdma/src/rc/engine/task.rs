@@ -10,7 +10,8 @@
 //! comes in (room in the send queue), when the connection closes, or at its
 //! timer: the heartbeat, or a retry of what waits for a pool buffer.
 //!
-//! Its end, in order: the writer finishes (both goodbyes, or a failure);
+//! Its end, in order: the writer finishes (both goodbyes, or a failure,
+//! the close timeout's among them);
 //! our last sends and the rendezvous payloads the peer still reads are
 //! given up to 30 s ([`LINGER`]); the QP is closed, and every posted
 //! request flushes; then every grant is revoked.
@@ -187,6 +188,16 @@ impl Task for RcTask {
             self.attached = true;
         }
         self.repost(now);
+        // The application let go, and the peer did not end the goodbye
+        // exchange within the close timeout: the connection has failed
+        // (the writer finishes), and its QP is closed now.
+        let close_due = match self.phase {
+            Phase::Open => self.driver.close_deadline(now).unwrap_or_else(|_| {
+                self.io.close();
+                None
+            }),
+            _ => None,
+        };
         let tick = cx.timer_due();
         let open = matches!(self.phase, Phase::Open) && !self.io.is_closing();
         let handed_back = cx.woken() && self.awaiting_handback;
@@ -257,12 +268,14 @@ impl Task for RcTask {
             Phase::Draining(_) => Some(now + FLUSH_SLICE),
         };
         // A receive or a rendezvous waiting for a pool buffer is woken by
-        // the pool when one comes back; at its deadline, it fails.
+        // the pool when one comes back; at its deadline, it fails. So does
+        // a connection let go of, at its close timeout.
         let patience = self
             .owed_since
             .map(|t| t + POOL_PATIENCE)
             .into_iter()
-            .chain(self.io.rendezvous().starved_until());
+            .chain(self.io.rendezvous().starved_until())
+            .chain(close_due);
         if let Some(due) = patience.min() {
             timer = Some(timer.map_or(due, |t| t.min(due)));
         }

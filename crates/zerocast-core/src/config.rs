@@ -121,8 +121,9 @@ impl LinkConfig {
 
     /// Apply an endpoint's connection parameters: `window=N` (the receive
     /// window), `max_payload=SIZE` (the largest message, `128M` say; both
-    /// sides must allow a message for it to pass) and `heartbeat_ms=N` (the
-    /// heartbeat interval; 0 turns it off).
+    /// sides must allow a message for it to pass), `heartbeat_ms=N` (the
+    /// heartbeat interval; 0 turns it off) and `close_timeout_ms=N` (the
+    /// close timeout).
     pub fn apply_params(&mut self, ep: &Endpoint) -> Result<(), UriError> {
         if let Some(w) = ep.param_as::<u32>("window")? {
             self.recv_window = w;
@@ -132,6 +133,9 @@ impl LinkConfig {
         }
         if let Some(ms) = ep.param_as::<u32>("heartbeat_ms")? {
             self.heartbeat = (ms > 0).then(|| Duration::from_millis(u64::from(ms)));
+        }
+        if let Some(ms) = ep.param_as::<u32>("close_timeout_ms")? {
+            self.close_timeout = Duration::from_millis(u64::from(ms));
         }
         Ok(())
     }
@@ -229,5 +233,11 @@ mod tests {
         assert!(c.with_close_timeout(Duration::ZERO).validate().is_err(), "zero");
         let too_long = Duration::from_millis(u64::from(u32::MAX) + 1);
         assert!(c.with_close_timeout(too_long).validate().is_err(), "over u32::MAX ms");
+        let mut c = c;
+        c.apply_params(&Endpoint::parse("rc://h:1?close_timeout_ms=250").unwrap()).unwrap();
+        assert_eq!(c.close_timeout, Duration::from_millis(250));
+        c.apply_params(&Endpoint::parse("tcp://h:1?close_timeout_ms=0").unwrap()).unwrap();
+        assert!(c.validate().is_err(), "zero from the URI is refused by the check");
+        assert!(Endpoint::parse("mem://x?close_timeout_ms=5").is_err(), "mem:// has no close timeout");
     }
 }

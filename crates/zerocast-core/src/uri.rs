@@ -57,14 +57,21 @@ impl Scheme {
 
     fn params(self) -> &'static [&'static str] {
         match self {
-            Scheme::Tcp => &["window", "heartbeat_ms", "max_payload"],
-            Scheme::Rc | Scheme::RcOob => {
-                &["window", "heartbeat_ms", "max_payload", "dev", "gid_index", "srq", "srq_limit"]
-            }
+            Scheme::Tcp => &["window", "heartbeat_ms", "close_timeout_ms", "max_payload"],
+            Scheme::Rc | Scheme::RcOob => &[
+                "window",
+                "heartbeat_ms",
+                "close_timeout_ms",
+                "max_payload",
+                "dev",
+                "gid_index",
+                "srq",
+                "srq_limit",
+            ],
             Scheme::Ud => &["iface", "dev", "max_sources"],
             Scheme::Mcast => &["iface", "dev", "ttl", "loop", "max_sources"],
             Scheme::Mem => &["window", "heartbeat_ms", "max_payload"],
-            Scheme::Auto => &["window", "heartbeat_ms", "max_payload"],
+            Scheme::Auto => &["window", "heartbeat_ms", "close_timeout_ms", "max_payload"],
         }
     }
 }

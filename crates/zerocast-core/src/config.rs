@@ -51,12 +51,15 @@ pub struct LinkConfig {
     /// only with it.
     pub heartbeat: Option<Duration>,
     /// How long a connection the application let go of (every handle
-    /// dropped, or both `close` and `close_receiver` called) may take to
-    /// end its goodbye exchange: its last frames and its goodbye out, the
-    /// peer's goodbye in. A peer that holds on past it (it never answers
-    /// and never disconnects: its application keeps the connection open,
-    /// its host hung, or the disconnect was lost on the way) no longer
-    /// holds the connection's memory: the connection fails with
+    /// dropped, or both `close` and `close_receiver` called) may go without
+    /// progress in its goodbye exchange: its last frames and its goodbye
+    /// out, the peer's goodbye in. The clock starts at the let-go and
+    /// restarts whenever the peer returns credits (its application is
+    /// still taking what we sent). A peer that
+    /// holds on past it (it never answers and never disconnects: its
+    /// application keeps the connection open, its host hung, or the
+    /// disconnect was lost on the way) no longer holds the connection's
+    /// memory: the connection fails with
     /// [`ConnError::TimedOut`](crate::ConnError::TimedOut) and is torn
     /// down. 30 s by default.
     pub close_timeout: Duration,

@@ -1,7 +1,7 @@
 //! The close timeout (`Driver::close_deadline`, time passed in): it runs
 //! once the application let go of both sides of a connection, until the
-//! goodbye exchange ends; past its deadline the connection fails with
-//! `ConnError::TimedOut`.
+//! goodbye exchange ends, restarting whenever the peer returns credits;
+//! past its deadline the connection fails with `ConnError::TimedOut`.
 
 use std::time::{Duration, Instant};
 
@@ -61,4 +61,38 @@ fn an_exchange_that_ends_in_time_stops_it() {
     let late = Instant::now() + 2 * TIMEOUT;
     assert!(matches!(driver.close_deadline(late), Ok(None)), "the exchange ended");
     assert!(driver.error().is_none(), "a clean end");
+}
+
+#[test]
+fn credits_the_peer_returns_restart_it() {
+    let (link, driver) = open(8);
+    for _ in 0..2 {
+        let buf = link.alloc(10, None).unwrap();
+        link.send(buf, None).unwrap();
+    }
+    link.close();
+    link.close_receiver();
+    let first = match driver.close_deadline(Instant::now()) {
+        Ok(Some(d)) => d,
+        other => panic!("let go of: the timeout runs, got {other:?}"),
+    };
+    // Let the clock move past the let-go, so a restart shows.
+    std::thread::sleep(Duration::from_millis(5));
+    // The peer takes one of our messages and returns its credit: it still
+    // makes progress, so the timeout counts from now.
+    let before = Instant::now();
+    driver.on_frame(Header::new(FrameKind::Credit, 1, 0, 0), None).unwrap();
+    let restarted = match driver.close_deadline(Instant::now()) {
+        Ok(Some(d)) => d,
+        other => panic!("still running, got {other:?}"),
+    };
+    assert!(
+        restarted >= before + TIMEOUT && restarted > first,
+        "restarted at the credit: {first:?} {restarted:?}"
+    );
+    assert!(matches!(driver.close_deadline(first), Ok(Some(_))), "the first deadline no longer ends it");
+    // A frame without credits (a peer that only holds on) does not.
+    driver.on_frame(Header::new(FrameKind::Credit, 0, 1, 0), None).unwrap();
+    assert!(matches!(driver.close_deadline(Instant::now()), Ok(Some(d)) if d == restarted));
+    assert!(matches!(driver.close_deadline(restarted), Err(ConnError::TimedOut(_))));
 }

@@ -318,6 +318,12 @@ impl Driver {
         st.credits.on_receive(&header)?;
         if header.credits > 0 {
             self.shared.wake_credit_waiters(st);
+            // The peer still takes what we sent: a close timeout that runs
+            // counts from now. (Credits are bounded by what we sent, so a
+            // peer cannot keep it running by returning them forever.)
+            if let Some(clock) = st.close_clock.as_mut() {
+                *clock = Instant::now();
+            }
         }
         match header.kind {
             FrameKind::Data => {
@@ -437,7 +443,8 @@ impl Driver {
     }
 
     /// The close timeout ([`zerocast_core::LinkConfig::close_timeout`]) of
-    /// a connection the application let go of. `Ok(Some(deadline))`: its
+    /// a connection the application let go of, counted from the let-go or
+    /// from the peer's latest return of credits since. `Ok(Some(deadline))`: its
     /// goodbye exchange may still end in time; look again at `deadline`.
     /// `Ok(None)`: no timeout runs (the application holds the connection,
     /// or the exchange ended, or the connection failed). `Err`: the
@@ -446,7 +453,7 @@ impl Driver {
     pub fn close_deadline(&self, now: Instant) -> Result<Option<Instant>, ConnError> {
         let mut st = self.shared.lock();
         let over = st.failed.is_some() || (st.goodbye_sent && st.peer_closed);
-        let Some(deadline) = st.let_go.filter(|_| !over).map(|t| t + self.shared.close_timeout) else {
+        let Some(deadline) = st.close_clock.filter(|_| !over).map(|t| t + self.shared.close_timeout) else {
             return Ok(None);
         };
         if now < deadline {

@@ -86,10 +86,11 @@ pub(crate) struct State {
     /// batches them, and the next sequence number expected from the peer
     /// then (see [`crate::wire::STREAM_GAP`]).
     pub(crate) last_large: Option<(Instant, u32)>,
-    /// When the application let go of the connection (closed both of its
-    /// sides): its goodbye exchange must end by then plus
-    /// [`Shared::close_timeout`].
-    pub(crate) let_go: Option<Instant>,
+    /// Once the application let go of the connection (closed both of its
+    /// sides): when it did, or when the peer last returned credits since
+    /// (it still takes what we sent). The goodbye exchange must end by
+    /// then plus [`Shared::close_timeout`].
+    pub(crate) close_clock: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -236,7 +237,7 @@ impl Shared {
             last_rx: Instant::now(),
             last_tx: Instant::now(),
             last_large: None,
-            let_go: None,
+            close_clock: None,
         };
         let heartbeat =
             zerocast_core::negotiated_heartbeat(setup.config.heartbeat_ms(), setup.peer_hello.heartbeat_ms);
@@ -369,9 +370,9 @@ impl Shared {
     /// the connection: `true` if it started now (the engine task must then
     /// look, to set its timer).
     pub(crate) fn note_let_go(&self, st: &mut State) -> bool {
-        let start = st.local_closed && st.receiver_gone && st.let_go.is_none();
+        let start = st.local_closed && st.receiver_gone && st.close_clock.is_none();
         if start {
-            st.let_go = Some(Instant::now());
+            st.close_clock = Some(Instant::now());
         }
         start
     }

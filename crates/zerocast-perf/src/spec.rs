@@ -69,11 +69,12 @@ impl Mode {
         }
     }
 
-    /// Default window (messages in flight).
+    /// Default window (messages in flight): for `bw` and `lat` the
+    /// library's own, what `zerocast::connect` gives a user; for `rate` a
+    /// deep one.
     pub(crate) fn default_window(self) -> u32 {
         match self {
-            Mode::Bw => 64,
-            Mode::Lat => 16,
+            Mode::Bw | Mode::Lat => zerocast::LinkConfig::default().recv_window,
             Mode::Rate => 256,
         }
     }

@@ -55,13 +55,12 @@ pub struct LinkConfig {
     /// progress in its goodbye exchange: its last frames and its goodbye
     /// out, the peer's goodbye in. The clock starts at the let-go and
     /// restarts whenever the peer returns credits (its application is
-    /// still taking what we sent). A peer that
-    /// holds on past it (it never answers and never disconnects: its
-    /// application keeps the connection open, its host hung, or the
-    /// disconnect was lost on the way) no longer holds the connection's
-    /// memory: the connection fails with
+    /// still taking what we sent). A peer that holds on past it (it never
+    /// answers and never disconnects: its application keeps the connection
+    /// open, its host hung, or the disconnect was lost on the way) no
+    /// longer holds the connection's memory: the connection fails with
     /// [`ConnError::TimedOut`](crate::ConnError::TimedOut) and is torn
-    /// down. 30 s by default.
+    /// down. 30 s by default; `?close_timeout_ms=N` in a URI.
     pub close_timeout: Duration,
 }
 

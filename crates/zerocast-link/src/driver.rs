@@ -444,12 +444,13 @@ impl Driver {
 
     /// The close timeout ([`zerocast_core::LinkConfig::close_timeout`]) of
     /// a connection the application let go of, counted from the let-go or
-    /// from the peer's latest return of credits since. `Ok(Some(deadline))`: its
-    /// goodbye exchange may still end in time; look again at `deadline`.
-    /// `Ok(None)`: no timeout runs (the application holds the connection,
-    /// or the exchange ended, or the connection failed). `Err`: the
-    /// deadline passed at `now`, and the connection has just failed with
-    /// that error: the backend tears it down.
+    /// from the peer's latest return of credits since.
+    /// `Ok(Some(deadline))`: its goodbye exchange may still end in time;
+    /// look again at `deadline`. `Ok(None)`: no timeout runs (the
+    /// application holds the connection, or the exchange ended, or the
+    /// connection failed). `Err`: the deadline passed at `now`, and the
+    /// connection has just failed with that error: the backend tears it
+    /// down.
     pub fn close_deadline(&self, now: Instant) -> Result<Option<Instant>, ConnError> {
         let mut st = self.shared.lock();
         let over = st.failed.is_some() || (st.goodbye_sent && st.peer_closed);

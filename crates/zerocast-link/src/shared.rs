@@ -359,13 +359,6 @@ impl Shared {
         }
     }
 
-    /// Wake the engine task that drives this connection for anything but
-    /// its writer: to read (the source came free), to repost, to look at
-    /// completions. Never merged into a pending writer's wake: the task
-    /// may be past the point where it looks at those in the run that
-    /// wake is for, and the writer's step comes after it (it would clear
-    /// the flag and this wake would be lost). The engine merges wake-ups
-    /// that come before the task runs.
     /// Start the close timeout once the application closed both sides of
     /// the connection: `true` if it started now (the engine task must then
     /// look, to set its timer).
@@ -377,6 +370,13 @@ impl Shared {
         start
     }
 
+    /// Wake the engine task that drives this connection for anything but
+    /// its writer: to read (the source came free), to repost, to look at
+    /// completions. Never merged into a pending writer's wake: the task
+    /// may be past the point where it looks at those in the run that
+    /// wake is for, and the writer's step comes after it (it would clear
+    /// the flag and this wake would be lost). The engine merges wake-ups
+    /// that come before the task runs.
     pub(crate) fn wake_engine(&self) {
         if let Some(waker) = self.waker.0.get() {
             waker.wake();

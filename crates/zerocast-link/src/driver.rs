@@ -1,6 +1,7 @@
 //! The backend's side of a connection: what to write, what was read.
 
 use std::fmt;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -452,6 +453,10 @@ impl Driver {
     /// connection has just failed with that error: the backend tears it
     /// down.
     pub fn close_deadline(&self, now: Instant) -> Result<Option<Instant>, ConnError> {
+        // Set under the lock before the wake that runs the task.
+        if !self.shared.let_go.load(Ordering::Acquire) {
+            return Ok(None);
+        }
         let mut st = self.shared.lock();
         let over = st.failed.is_some() || (st.goodbye_sent && st.peer_closed);
         let Some(deadline) = st.close_clock.filter(|_| !over).map(|t| t + self.shared.close_timeout) else {

@@ -115,6 +115,10 @@ pub(crate) struct Shared {
     pub(crate) heartbeat: Option<Duration>,
     /// See [`zerocast_core::LinkConfig::close_timeout`].
     pub(crate) close_timeout: Duration,
+    /// [`State::close_clock`] is set: read without the state lock by the
+    /// engine task's every run, which has no close timeout to look at
+    /// before the application lets go.
+    pub(crate) let_go: AtomicBool,
     /// The backend's write path, when sending threads may drive it.
     pub(crate) wire: Hook<WireLock>,
     /// The backend's read path, when receiving threads may drive it.
@@ -255,6 +259,7 @@ impl Shared {
             credit_unit: setup.credit_unit,
             heartbeat,
             close_timeout: setup.config.close_timeout,
+            let_go: AtomicBool::new(false),
             wire: Hook::default(),
             source: Hook::default(),
             reposter: Hook::default(),
@@ -366,6 +371,7 @@ impl Shared {
         let start = st.local_closed && st.receiver_gone && st.close_clock.is_none();
         if start {
             st.close_clock = Some(Instant::now());
+            self.let_go.store(true, Ordering::Release);
         }
         start
     }

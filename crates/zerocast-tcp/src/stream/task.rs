@@ -93,6 +93,14 @@ impl ConnTask {
         !self.driver.reader_claimed() || self.lingering.is_some()
     }
 
+    /// The connection failed: shut all of the socket (which also stops a
+    /// peer blocked on us); nothing more is read.
+    fn end_failed(&mut self) -> Step {
+        let _ = self.sock.shutdown(Shutdown::Both);
+        self.reading = false;
+        self.end()
+    }
+
     /// The connection is over: let `wait_closed` know. A peer that never
     /// ended its stream has the rest of the socket shut too.
     fn end(&mut self) -> Step {
@@ -133,16 +141,11 @@ impl Task for ConnTask {
             }
         }
         // The application let go, and the peer did not end the goodbye
-        // exchange within the close timeout: the connection has failed;
-        // shut all of the socket.
+        // exchange within the close timeout: the connection has failed.
         let close_due = match self.lingering {
             None => match self.driver.close_deadline(cx.now()) {
                 Ok(due) => due,
-                Err(_) => {
-                    let _ = self.sock.shutdown(Shutdown::Both);
-                    self.reading = false;
-                    return self.end();
-                }
+                Err(_) => return self.end_failed(),
             },
             Some(_) => None,
         };
@@ -158,13 +161,7 @@ impl Task for ConnTask {
                     self.backlog = true;
                     self.heartbeat = self.driver.heartbeat_deadline();
                 }
-                // The connection failed: shut all of the socket (which
-                // also stops a peer blocked on us); nothing more is read.
-                Writing::Finished if self.driver.error().is_some() => {
-                    let _ = self.sock.shutdown(Shutdown::Both);
-                    self.reading = false;
-                    return self.end();
-                }
+                Writing::Finished if self.driver.error().is_some() => return self.end_failed(),
                 // Both goodbyes are out and in (every frame before the
                 // peer's was read): shut the write half and linger, reading
                 // on until the peer's end of stream.

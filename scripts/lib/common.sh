@@ -131,11 +131,12 @@ zc_roce_gid_index() {
     return 1
 }
 
-# Wait up to 20 s for a TCP port to be listened on (state 0A: LISTEN).
+# Wait up to 20 s (or $2 tenths of a second) for a TCP port to be listened
+# on (state 0A: LISTEN).
 zc_wait_listen() {
     local hex i
     hex=$(printf ':%04X ' "$1")
-    for ((i = 0; i < 200; i++)); do
+    for ((i = 0; i < ${2:-200}; i++)); do
         grep -h "$hex" /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk '$4 == "0A"' | grep -q . && return 0
         sleep 0.1
     done

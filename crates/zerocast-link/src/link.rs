@@ -368,10 +368,7 @@ impl Link {
                 return Some(self.deliver(d));
             }
             self.return_credits();
-            // A source that is not woken by everything that concerns it
-            // (see [`Driver::install_source`]) is pumped in slices.
-            let slice = Instant::now() + self.shared.wait_slice();
-            let until = deadline.map_or(slice, |d| d.min(slice));
+            let until = self.shared.recv_until(deadline);
             let pumped = match self.pump_handing_over(Some(until)) {
                 OwnPump::HandedOver(d) => return Some(self.deliver(d)),
                 OwnPump::Pumped(Some(p)) => p,

@@ -196,6 +196,9 @@ pub(crate) struct Shared {
     /// The source's waits are woken by everything that concerns them (see
     /// [`crate::Driver::install_waking_source`]).
     pub(crate) source_wakes: AtomicBool,
+    /// A time no wait reaches: what a waking source's receive with no
+    /// deadline waits until (see [`Shared::recv_until`]).
+    pub(crate) never: Instant,
     /// The source's wait watches a credit waiter's interrupt (see
     /// [`crate::Driver::watches_interrupt`]).
     pub(crate) interrupt_watched: AtomicBool,
@@ -278,6 +281,7 @@ impl Shared {
             handback: AtomicBool::new(false),
             direct_handback: AtomicBool::new(false),
             source_wakes: AtomicBool::new(false),
+            never: far_future(),
             interrupt_watched: AtomicBool::new(false),
             queue_waiters: AtomicUsize::new(0),
             spare_batch: Mutex::new(crate::driver::Batch::with_capacity(setup.config.max_batch + 2)),
@@ -313,7 +317,10 @@ impl Shared {
         if st.cv_waiters > 0 {
             self.credit_cv.notify_all();
         }
-        st.task_waiters.take().for_each(std::task::Waker::wake);
+        // Looked at first: credit comes with most frames, waiters rarely.
+        if !st.task_waiters.is_empty() {
+            st.task_waiters.wake_all();
+        }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
@@ -338,6 +345,21 @@ impl Shared {
         st.wake_queued = true;
         let _ = self.tx.push(Outgoing::Wake);
         true
+    }
+
+    /// Until when a receiving thread's pump may wait: `deadline`, or the
+    /// end of a slice for a source that is not woken by everything that
+    /// concerns it (see [`crate::Driver::install_source`]). A waking
+    /// source's receive with no deadline reads no clock: the clock may be
+    /// a system call (an emulated guest's), and it would be read once per
+    /// message.
+    #[inline]
+    pub(crate) fn recv_until(&self, deadline: Option<Instant>) -> Instant {
+        if self.source_wakes.load(Ordering::Relaxed) {
+            return deadline.unwrap_or(self.never);
+        }
+        let slice = Instant::now() + self.wait_slice();
+        deadline.map_or(slice, |d| d.min(slice))
     }
 
     /// How long a thread waits in the source's pump before it looks around
@@ -564,6 +586,12 @@ impl Shared {
 
 /// A backend hook, installed at most once.
 pub(crate) struct Hook<T>(pub(crate) OnceLock<T>);
+
+/// About a century from now: later than any deadline a wait is given.
+fn far_future() -> Instant {
+    let now = Instant::now();
+    now.checked_add(Duration::from_secs(100 * 365 * 24 * 3600)).unwrap_or(now + Duration::from_secs(3600))
+}
 
 impl<T> Default for Hook<T> {
     fn default() -> Self {

@@ -193,3 +193,43 @@ fn the_writer_leaves_a_held_wire_and_is_woken_when_it_is_let_go() {
     assert_eq!(settle(&mut progress, &runs), 3, "woken when the wire was let go");
     assert_eq!((d.shared.tx.len(), written.load(Ordering::SeqCst)), (0, 3), "and it wrote the queue");
 }
+
+/// A writer that found the wire held by a sending thread writing its own
+/// frame is woken when that thread lets go only if something is left for
+/// it. After a write that left nothing it is not: it would only find the
+/// next send holding the wire, ask again and be woken again, send after
+/// send. After one that left a backlog, or with frames queued meanwhile,
+/// it is.
+#[test]
+fn a_sender_that_leaves_the_writer_nothing_does_not_wake_it() {
+    let (link, d) = driver();
+    let Attached { mut progress, runs, written, .. } = attached(&d, None);
+    let wire = d.shared.wire.0.get().unwrap();
+    // The task runs for the backend, finds the wire held and asks for it.
+    let held = wire.lock().unwrap();
+    d.wake();
+    assert_eq!(settle(&mut progress, &runs), 2, "the backend's run");
+    assert!(d.shared.writer_wanted.load(Ordering::SeqCst), "the writer asked for the wire");
+    drop(held);
+    d.shared.hand_writer_back_after_write(false);
+    assert_eq!(settle(&mut progress, &runs), 2, "not woken: the write left nothing");
+    assert!(!d.shared.writer_wanted.load(Ordering::SeqCst), "the request was taken back");
+
+    // The same, the write leaving a backlog: woken to flush it.
+    let held = wire.lock().unwrap();
+    d.wake();
+    assert_eq!(settle(&mut progress, &runs), 3);
+    drop(held);
+    d.shared.hand_writer_back_after_write(true);
+    assert_eq!(settle(&mut progress, &runs), 4, "woken for the backlog");
+
+    // The same, a frame queued while the wire was held: woken to write it.
+    let held = wire.lock().unwrap();
+    link.try_send(link.pool().alloc(8, zerocast_mem::Wait::No).unwrap()).unwrap();
+    assert_eq!(settle(&mut progress, &runs), 5, "the run for the queued frame");
+    assert_eq!(written.load(Ordering::SeqCst), 0, "nothing written past the held wire");
+    drop(held);
+    d.shared.hand_writer_back_after_write(false);
+    assert_eq!(settle(&mut progress, &runs), 6, "woken for the queued frame");
+    assert_eq!((d.shared.tx.len(), written.load(Ordering::SeqCst)), (0, 1), "and it wrote it");
+}

@@ -468,6 +468,36 @@ impl Shared {
         }
     }
 
+    /// [`Shared::hand_writer_back`] for a sending thread that wrote its own
+    /// frame ([`Shared::write_direct`]), leaving a backlog on the wire or
+    /// not: the writer is woken only if something is left for it. Its step
+    /// may have come for anything (an engine task runs its writer whenever
+    /// it runs), and without work of its own it would only find the wire
+    /// held by the next send, ask again, and be woken again, send after
+    /// send, racing the sending thread for the wire and for a core.
+    #[inline]
+    pub(crate) fn hand_writer_back_after_write(&self, backlog: bool) {
+        if self.writer_wanted.load(Ordering::SeqCst)
+            && self.writer_wanted.swap(false, Ordering::SeqCst)
+            && (backlog || self.writer_has_work())
+        {
+            self.kick();
+        }
+    }
+
+    /// Whether the writer has work besides a backlog: frames queued or
+    /// staged, a heartbeat to keep, or an end to act on (a goodbye to
+    /// send or sent, the peer's, a failure), which its step turns into
+    /// the connection's next phase.
+    #[cold]
+    fn writer_has_work(&self) -> bool {
+        if self.heartbeat.is_some() || !self.nothing_to_write() {
+            return true;
+        }
+        let st = self.lock();
+        st.failed.is_some() || st.local_closed || st.goodbye_sent || st.peer_closed
+    }
+
     pub(crate) fn check_heartbeat(&self) -> Result<(), ConnError> {
         let mut st = self.lock();
         if let Some(e) = &st.failed {
@@ -544,8 +574,9 @@ impl Shared {
         let mut frame =
             Frame { header: stamp.header(FrameKind::Data, buf.len() as u64), payload: Some(buf), tag: 0 };
         let res = w.write(std::slice::from_mut(&mut frame), &WireCtx::new(self));
+        let backlog = w.backlog();
         drop(w);
-        self.hand_writer_back();
+        self.hand_writer_back_after_write(backlog);
         drop(frame);
         if let Err(e) = res {
             self.fail(&mut self.lock(), e);

@@ -458,7 +458,7 @@ impl Driver {
             return Ok(None);
         }
         let mut st = self.shared.lock();
-        let over = st.failed.is_some() || (st.goodbye_sent && st.peer_closed);
+        let over = st.is_over();
         let Some(deadline) = st.close_clock.filter(|_| !over).map(|t| t + self.shared.close_timeout) else {
             return Ok(None);
         };
@@ -472,8 +472,7 @@ impl Driver {
 
     /// Whether the connection failed or both sides said goodbye.
     pub fn is_finished(&self) -> bool {
-        let st = self.shared.lock();
-        st.failed.is_some() || (st.goodbye_sent && st.peer_closed)
+        self.shared.lock().is_over()
     }
 }
 

@@ -93,6 +93,13 @@ pub(crate) struct State {
     pub(crate) close_clock: Option<Instant>,
 }
 
+impl State {
+    /// The connection is over: it failed, or both goodbyes are out and in.
+    pub(crate) fn is_over(&self) -> bool {
+        self.failed.is_some() || (self.goodbye_sent && self.peer_closed)
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) state: Mutex<State>,

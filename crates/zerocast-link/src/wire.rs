@@ -276,11 +276,9 @@ impl Driver {
             Written::Backlog => Writing::Backlog,
             Written::Stop => Writing::Finished,
             Written::Drained => {
-                let st = shared.lock();
-                if st.failed.is_some() || (st.goodbye_sent && st.peer_closed) {
+                if shared.lock().is_over() {
                     return Writing::Finished;
                 }
-                drop(st);
                 Writing::Idle { next: self.heartbeat_deadline() }
             }
         }
@@ -463,9 +461,16 @@ impl Shared {
     /// held meanwhile and left its work to this thread, wake the writer.
     #[inline]
     pub(crate) fn hand_writer_back(&self) {
-        if self.writer_wanted.load(Ordering::SeqCst) && self.writer_wanted.swap(false, Ordering::SeqCst) {
+        if self.take_writer_request() {
             self.kick();
         }
+    }
+
+    /// Whether the engine's writer asked for the wire while it was held
+    /// (see [`Driver::take_wire_for_engine`]); the request is taken back.
+    #[inline]
+    fn take_writer_request(&self) -> bool {
+        self.writer_wanted.load(Ordering::SeqCst) && self.writer_wanted.swap(false, Ordering::SeqCst)
     }
 
     /// [`Shared::hand_writer_back`] for a sending thread that wrote its own
@@ -477,10 +482,7 @@ impl Shared {
     /// send, racing the sending thread for the wire and for a core.
     #[inline]
     pub(crate) fn hand_writer_back_after_write(&self, backlog: bool) {
-        if self.writer_wanted.load(Ordering::SeqCst)
-            && self.writer_wanted.swap(false, Ordering::SeqCst)
-            && (backlog || self.writer_has_work())
-        {
+        if self.take_writer_request() && (backlog || self.writer_has_work()) {
             self.kick();
         }
     }

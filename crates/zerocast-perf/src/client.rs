@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context as _};
 use zerocast::{Receiver, Scheme, Sender, Zerocast};
 
-use crate::clock::{ClockKind, SampleClock};
-use crate::data::{context_for, DataPath};
+use crate::clock::{Calibration, ClockKind, SampleClock};
+use crate::data::{context_for, early, DataPath};
 use crate::open::Opener;
 use crate::progress::Progress;
 use crate::report::Row;
@@ -128,9 +128,31 @@ impl Session {
         };
         let until = Until::new(spec);
         let mut samples = LatSamples::new();
-        // The whole ping-pong is one loop, which the async API runs in one
-        // task, as an async application would (see `DataPath::drive`).
-        let (i, cal) = dp.drive(async {
+        let (i, cal) = match dp.raw() {
+            Some(conn) => self.lat_raw(dp, conn, warmup, &until, &mut samples, progress)?,
+            None => self.lat_async(dp, warmup, &until, &mut samples, progress)?,
+        };
+        dp.close();
+        let report = self.report()?;
+        if report.msgs != warmup + i {
+            bail!("the server echoed {} of {} messages", report.msgs, warmup + i);
+        }
+        cal.check().map_err(|why| anyhow!("{why}: time the samples with --clock monotonic"))?;
+        Ok(Row::Lat(samples.row(spec.size, cal.ns_per_tick)))
+    }
+
+    /// The ping-pong of [`Client::lat`] as one future, which the async API
+    /// runs in one task, as an async application would (see
+    /// `DataPath::drive`); round trips timed and how the clock ran.
+    fn lat_async(
+        &self,
+        dp: &DataPath,
+        warmup: u64,
+        until: &Until,
+        samples: &mut LatSamples,
+        progress: &Progress,
+    ) -> anyhow::Result<(u64, Calibration)> {
+        dp.drive(async {
             for seq in 0..warmup {
                 dp.send_async(seq).await?;
                 dp.recv_expect(seq).await?;
@@ -178,14 +200,57 @@ impl Session {
                 }
             }
             Ok((i, clock.finish()))
-        })?;
-        dp.close();
-        let report = self.report()?;
-        if report.msgs != warmup + i {
-            bail!("the server echoed {} of {} messages", report.msgs, warmup + i);
+        })
+    }
+
+    /// [`Client::lat_async`] over the blocking raw API: the same steps, one
+    /// call after another, with no future between them.
+    fn lat_raw(
+        &self,
+        dp: &DataPath,
+        conn: &zerocast::Connection,
+        warmup: u64,
+        until: &Until,
+        samples: &mut LatSamples,
+        progress: &Progress,
+    ) -> anyhow::Result<(u64, Calibration)> {
+        // Receive message `seq`, then send `next`, if any, while it is held.
+        let expect_then = |seq: u64, next: Option<u64>| -> anyhow::Result<()> {
+            let reply = dp.recv_raw_then(conn, |got| {
+                dp.check(got, seq)?;
+                match next {
+                    Some(n) => dp.send_raw(conn, n).with_context(|| format!("sending message {n}")),
+                    None => Ok(()),
+                }
+            })?;
+            reply.ok_or_else(|| early(seq))
+        };
+        for seq in 0..warmup {
+            dp.send_raw(conn, seq)?;
+            expect_then(seq, None)?;
         }
-        cal.check().map_err(|why| anyhow!("{why}: time the samples with --clock monotonic"))?;
-        Ok(Row::Lat(samples.row(spec.size, cal.ns_per_tick)))
+        let start = Instant::now();
+        let mut clock = SampleClock::start(self.clock);
+        let mut i = 0u64;
+        let mut more = !until.done(0, start);
+        if more {
+            dp.send_raw(conn, warmup).with_context(|| format!("sending message {warmup}"))?;
+        }
+        let mut t0 = clock.now();
+        while more {
+            dp.prepare_raw(conn)?;
+            let seq = warmup + i;
+            more = !until.done(i + 1, start);
+            expect_then(seq, more.then_some(seq + 1))?;
+            let t1 = clock.now();
+            samples.record(clock.between(t0, t1));
+            t0 = t1;
+            i += 1;
+            if i % 256 == 0 {
+                progress.test_at(until.fraction(i, start));
+            }
+        }
+        Ok((i, clock.finish()))
     }
 
     fn datagrams(&self, spec: &Spec, host: &str, port: u16, progress: &Progress) -> anyhow::Result<Row> {

@@ -169,13 +169,77 @@ impl DataPath {
     pub(crate) async fn prepare(&self) -> anyhow::Result<()> {
         if self.spare.borrow().is_none() {
             let buf = match &self.io {
-                Io::Raw(conn) => conn.alloc(self.size)?,
+                Io::Raw(conn) => return self.prepare_raw(conn),
                 Io::Async(_, conn) => conn.alloc(self.size).await?,
                 Io::Typed(..) => return Ok(()),
             };
             *self.spare.borrow_mut() = Some(buf);
         }
         Ok(())
+    }
+
+    /// [`DataPath::prepare`] on a raw connection.
+    pub(crate) fn prepare_raw(&self, conn: &Connection) -> anyhow::Result<()> {
+        let mut spare = self.spare.borrow_mut();
+        if spare.is_none() {
+            *spare = Some(conn.alloc(self.size)?);
+        }
+        Ok(())
+    }
+
+    /// The connection of a raw data path on the blocking API, whose
+    /// latency loops call it with no future in between.
+    pub(crate) fn raw(&self) -> Option<&Connection> {
+        match &self.io {
+            Io::Raw(conn) => Some(conn),
+            _ => None,
+        }
+    }
+
+    /// Receive the next raw message (spinning on `try_recv_with` when
+    /// busy) and run `then` on it while it is held: a reply sent from
+    /// `then` goes out before the message's buffer goes back (see
+    /// [`DataPath::recv_then`]). `None` once the peer closed.
+    pub(crate) fn recv_raw_then<R>(
+        &self,
+        conn: &Connection,
+        then: impl FnOnce(Got) -> anyhow::Result<R>,
+    ) -> anyhow::Result<Option<R>> {
+        let mut then = Some(then);
+        loop {
+            let mut run =
+                |m: &[u8]| then.take().map(|f| f(Got { seq: stamp_of(m) & self.mask, len: m.len() }));
+            let r = if self.busy { conn.try_recv_with(&mut run) } else { conn.recv_with(&mut run) };
+            match r {
+                Ok(Some(r)) => return r.map(Some),
+                Ok(None) => unreachable!("a message runs `then` once"),
+                Err(e) => {
+                    if !again(e)? {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Send raw message `seq`, in the buffer [`DataPath::prepare_raw`] took.
+    pub(crate) fn send_raw(&self, conn: &Connection, seq: u64) -> anyhow::Result<()> {
+        let mut buf = match self.spare.take() {
+            Some(b) => b,
+            None => conn.alloc(self.size)?,
+        };
+        stamp(&mut buf, seq);
+        if self.busy {
+            let mut buf = buf;
+            loop {
+                match conn.try_send(buf) {
+                    Ok(()) => return Ok(()),
+                    Err(SendError::Full(b)) => buf = b,
+                    Err(e) => return Err(send_failed(e)),
+                }
+            }
+        }
+        conn.send(buf).map_err(send_failed)
     }
 
     /// Run `fut`, one of this data path's loops: on the runtime through
@@ -202,26 +266,7 @@ impl DataPath {
     /// [`DataPath::drive`] runs.
     pub(crate) async fn send_async(&self, seq: u64) -> anyhow::Result<()> {
         match &self.io {
-            Io::Raw(conn) => {
-                let mut buf = match self.spare.take() {
-                    Some(b) => b,
-                    None => conn.alloc(self.size)?,
-                };
-                stamp(&mut buf, seq);
-                if self.busy {
-                    let mut buf = buf;
-                    loop {
-                        match conn.try_send(buf) {
-                            Ok(()) => return Ok(()),
-                            Err(SendError::Full(b)) => {
-                                buf = b;
-                            }
-                            Err(e) => return Err(send_failed(e)),
-                        }
-                    }
-                }
-                conn.send(buf).map_err(send_failed)
-            }
+            Io::Raw(conn) => self.send_raw(conn, seq),
             Io::Async(_, conn) => {
                 let mut buf = match self.spare.take() {
                     Some(b) => b,
@@ -328,7 +373,7 @@ impl DataPath {
                 Ok(got)
             })
             .await?;
-        got.ok_or_else(|| anyhow!("the peer closed the data connection early (waiting for message {expect})"))
+        got.ok_or_else(|| early(expect))
     }
 
     /// Check a received message's number and length.
@@ -398,6 +443,11 @@ fn again(e: RecvError) -> anyhow::Result<bool> {
         RecvError::Disconnected => Ok(false),
         e => Err(anyhow!(e).context("the data connection failed")),
     }
+}
+
+/// The peer closed while message `expect` was awaited.
+pub(crate) fn early(expect: u64) -> anyhow::Error {
+    anyhow!("the peer closed the data connection early (waiting for message {expect})")
 }
 
 fn send_failed<T>(e: SendError<T>) -> anyhow::Error {

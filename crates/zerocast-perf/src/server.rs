@@ -138,6 +138,9 @@ fn sink(dp: &DataPath, warmup: u64) -> anyhow::Result<ServerReport> {
 
 /// Send every message back until the client's goodbye.
 fn echo(dp: &DataPath) -> anyhow::Result<ServerReport> {
+    if let Some(conn) = dp.raw() {
+        return echo_raw(dp, conn);
+    }
     let mut report = ServerReport { msgs: 0, bytes: 0, timed_ns: 0 };
     // The reply goes out before the request's buffer is given back (see
     // `DataPath::recv_then`), and the next reply's buffer is taken while
@@ -161,6 +164,27 @@ fn echo(dp: &DataPath) -> anyhow::Result<ServerReport> {
             dp.prepare().await?;
         }
     })?;
+    dp.close();
+    Ok(report)
+}
+
+/// [`echo`] over the blocking raw API: the same steps, one call after
+/// another.
+fn echo_raw(dp: &DataPath, conn: &zerocast::Connection) -> anyhow::Result<ServerReport> {
+    let mut report = ServerReport { msgs: 0, bytes: 0, timed_ns: 0 };
+    dp.prepare_raw(conn)?;
+    loop {
+        let seq = report.msgs;
+        let echoed = dp.recv_raw_then(conn, |got| {
+            dp.check(got, seq)?;
+            dp.send_raw(conn, seq)?;
+            Ok(got)
+        })?;
+        let Some(got) = echoed else { break };
+        report.msgs += 1;
+        report.bytes += got.len as u64;
+        dp.prepare_raw(conn)?;
+    }
     dp.close();
     Ok(report)
 }

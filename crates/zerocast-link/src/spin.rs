@@ -38,31 +38,45 @@ pub const OFF_CPU_GAP: Duration = Duration::from_micros(100);
 pub const MAX_WALL: Duration = Duration::from_millis(10);
 
 /// The spin's length, learned from the waits that ended in a message.
+///
+/// In whole nanoseconds: a receiving thread learns from every message, and
+/// `Duration`'s arithmetic carries between seconds and nanoseconds with
+/// divisions, which an emulated CPU pays for in calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpinPolicy {
-    floor: Duration,
-    cap: Duration,
+    floor: u64,
+    cap: u64,
     /// A moving average of recent waits (those up to `cap`; a longer one
     /// halves it, as no spin would have caught it).
-    typical: Duration,
+    typical: u64,
 }
 
 impl SpinPolicy {
     /// A policy that spins for at least `floor` and at most `cap`; it
     /// starts at `floor`.
     pub const fn new(floor: Duration, cap: Duration) -> Self {
-        Self { floor, cap, typical: Duration::ZERO }
+        Self { floor: nanos(floor), cap: nanos(cap), typical: 0 }
     }
 
     /// How long the next spin polls (in time on the CPU, see [`SpinClock`]).
     pub fn budget(&self) -> Duration {
-        (self.typical * 2).clamp(self.floor, self.cap.max(self.floor))
+        Duration::from_nanos((self.typical * 2).clamp(self.floor, self.cap.max(self.floor)))
     }
 
     /// A wait, from the first empty poll to the message, spun or slept.
     pub fn waited(&mut self, wait: Duration) {
+        let wait = nanos(wait);
+        // `typical` and `wait` are at most the cap here (see `nanos`).
         self.typical = if wait <= self.cap { (self.typical * 3 + wait) / 4 } else { self.typical / 2 };
     }
+}
+
+/// `d` in nanoseconds, at most `u64::MAX / 8` (about 73 years): far beyond
+/// any spin, and small enough that the policy's sums do not overflow.
+const fn nanos(d: Duration) -> u64 {
+    let n = d.as_nanos();
+    let max = (u64::MAX / 8) as u128;
+    (if n > max { max } else { n }) as u64
 }
 
 /// One spin in progress: the time it has polled, by the spinning thread's
@@ -175,6 +189,17 @@ mod tests {
         }
         assert!(c.waited(now) >= MAX_WALL);
         assert!(c.waited(now) < MAX_WALL + OFF_CPU_GAP + US);
+    }
+
+    #[test]
+    fn durations_beyond_any_spin_do_not_overflow() {
+        let mut p = SpinPolicy::new(Duration::MAX, Duration::MAX);
+        for _ in 0..4 {
+            p.waited(Duration::MAX);
+        }
+        assert_eq!(p.budget(), Duration::from_nanos(u64::MAX / 8), "clamped, not wrapped");
+        p.waited(Duration::ZERO);
+        assert!(p.budget() >= Duration::from_nanos(u64::MAX / 8), "the floor holds");
     }
 
     #[test]

@@ -61,13 +61,16 @@ pub(super) struct RcSource {
     /// after it until a completion comes (and the wait is measured). Event
     /// mode only.
     waiting_since: Option<Instant>,
+    /// A wait a completion ended, learned by the next pump (see
+    /// [`RcSource::waited`]): its start and its end.
+    unlearned: Option<(Instant, Instant)>,
 }
 
 impl RcSource {
     pub(super) fn new(io: Arc<Io>) -> Self {
         let event_mode = !io.busy_poll;
         let wcs = std::array::from_fn(|_| MaybeUninit::uninit());
-        Self { io, wcs, done: false, event_mode, spin: SPIN, waiting_since: None }
+        Self { io, wcs, done: false, event_mode, spin: SPIN, waiting_since: None, unlearned: None }
     }
 
     /// Poll one batch of completions and act on each; how many there were.
@@ -169,15 +172,24 @@ impl RcSource {
         self.event_mode || self.io.engine_pumping.load(Ordering::Relaxed) || driver.reads_directly()
     }
 
-    /// A completion ended the wait that began `since`: the spin learns its
-    /// length. Read off the spin's last clock reading when this pump spun
-    /// (at most [`POLLS_PER_CLOCK`] polls before the completion), so that
-    /// a message caught by the spin pays no clock read before its reply;
-    /// off the clock after a sleep, which costs far more.
+    /// A completion ended the wait that began `since`. It ended at the
+    /// spin's last clock reading when this pump spun (at most
+    /// [`POLLS_PER_CLOCK`] polls before the completion), so that a message
+    /// caught by the spin pays no clock read before its reply; at a clock
+    /// read after a sleep, which costs far more. The spin learns its
+    /// length at the next pump ([`RcSource::learn`]), not between the
+    /// completion and its caller, who may be about to reply.
     #[inline]
     fn waited(&mut self, since: Instant, spin: Option<&SpinClock>) {
-        let now = spin.map_or_else(Instant::now, SpinClock::last_reading);
-        self.spin.waited(now.saturating_duration_since(since));
+        self.unlearned = Some((since, spin.map_or_else(Instant::now, SpinClock::last_reading)));
+    }
+
+    /// Learn the wait the last pump's completion ended, if it has not been.
+    #[inline]
+    fn learn(&mut self) {
+        if let Some((since, end)) = self.unlearned.take() {
+            self.spin.waited(end.saturating_duration_since(since));
+        }
     }
 
     #[inline(never)]
@@ -199,6 +211,7 @@ impl Source for RcSource {
         if self.done {
             return Pumped::Done;
         }
+        self.learn();
         // Read the clock only once this call has to wait: a busy-polling
         // `try_recv` pumps with no deadline on every spin, and a clock
         // read is a system call on some machines (a TCG guest's HPET).

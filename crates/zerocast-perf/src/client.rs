@@ -141,7 +141,7 @@ impl Session {
         Ok(Row::Lat(samples.row(spec.size, cal.ns_per_tick)))
     }
 
-    /// The ping-pong of [`Client::lat`] as one future, which the async API
+    /// The ping-pong of [`Session::lat`] as one future, which the async API
     /// runs in one task, as an async application would (see
     /// `DataPath::drive`); round trips timed and how the clock ran.
     fn lat_async(
@@ -203,7 +203,7 @@ impl Session {
         })
     }
 
-    /// [`Client::lat_async`] over the blocking raw API: the same steps, one
+    /// [`Session::lat_async`] over the blocking raw API: the same steps, one
     /// call after another, with no future between them.
     fn lat_raw(
         &self,

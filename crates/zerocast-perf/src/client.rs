@@ -157,29 +157,23 @@ impl Session {
                 dp.send_async(seq).await?;
                 dp.recv_expect(seq).await?;
             }
-            let start = Instant::now();
-            // One clock read per round trip, each sample the time between two
-            // consecutive reads, as perftest does; the clock is the cycle
-            // counter unless asked otherwise (see `clock`). The read comes
-            // after the next message is sent, while its reply is on the way,
-            // and each reply is held until that send (see
+            // Each reply is held until the next message is sent (see
             // `DataPath::recv_then`): neither giving the buffer back nor
             // taking the next message's buffer from the pool
             // (`DataPath::prepare`) is on the round trip.
-            let mut clock = SampleClock::start(self.clock);
-            let mut i = 0u64;
-            let mut more = !until.done(0, start);
+            let mut trips = RoundTrips::start(self.clock, until);
+            let mut more = trips.goes_on();
             if more {
                 dp.send_async(warmup).await.with_context(|| format!("sending message {warmup}"))?;
             }
-            let mut t0 = clock.now();
+            trips.sent_first();
             while more {
                 // The next request's buffer, taken while this reply travels.
                 dp.prepare().await?;
-                let seq = warmup + i;
+                let seq = warmup + trips.done;
                 // Decided before the reply arrives, and once: whether message
                 // `seq + 1` goes out is what the server will have echoed.
-                more = !until.done(i + 1, start);
+                more = trips.goes_on_after_this();
                 let next = more;
                 dp.recv_expect_then(seq, |_| async move {
                     match next {
@@ -191,15 +185,9 @@ impl Session {
                     }
                 })
                 .await?;
-                let t1 = clock.now();
-                samples.record(clock.between(t0, t1));
-                t0 = t1;
-                i += 1;
-                if i % 256 == 0 {
-                    progress.test_at(until.fraction(i, start));
-                }
+                trips.replied(samples, progress);
             }
-            Ok((i, clock.finish()))
+            Ok(trips.finish())
         })
     }
 
@@ -229,28 +217,20 @@ impl Session {
             dp.send_raw(conn, seq)?;
             expect_then(seq, None)?;
         }
-        let start = Instant::now();
-        let mut clock = SampleClock::start(self.clock);
-        let mut i = 0u64;
-        let mut more = !until.done(0, start);
+        let mut trips = RoundTrips::start(self.clock, until);
+        let mut more = trips.goes_on();
         if more {
             dp.send_raw(conn, warmup).with_context(|| format!("sending message {warmup}"))?;
         }
-        let mut t0 = clock.now();
+        trips.sent_first();
         while more {
             dp.prepare_raw(conn)?;
-            let seq = warmup + i;
-            more = !until.done(i + 1, start);
+            let seq = warmup + trips.done;
+            more = trips.goes_on_after_this();
             expect_then(seq, more.then_some(seq + 1))?;
-            let t1 = clock.now();
-            samples.record(clock.between(t0, t1));
-            t0 = t1;
-            i += 1;
-            if i % 256 == 0 {
-                progress.test_at(until.fraction(i, start));
-            }
+            trips.replied(samples, progress);
         }
-        Ok((i, clock.finish()))
+        Ok(trips.finish())
     }
 
     fn datagrams(&self, spec: &Spec, host: &str, port: u16, progress: &Progress) -> anyhow::Result<Row> {
@@ -324,6 +304,59 @@ impl Session {
 
 /// Send buffers the datagram sender's pool is grown to before timing.
 const DATAGRAM_BUFFERS: usize = 1024;
+
+/// The timed round trips of a latency test. One clock read per round trip,
+/// each sample the time between two consecutive reads, as perftest does;
+/// the clock is the cycle counter unless asked otherwise (see `clock`). The
+/// read comes after the next message is sent, while its reply is on the way.
+struct RoundTrips<'a> {
+    until: &'a Until,
+    start: Instant,
+    clock: SampleClock,
+    /// The last clock read.
+    last: u64,
+    /// Round trips timed so far.
+    done: u64,
+}
+
+impl<'a> RoundTrips<'a> {
+    fn start(kind: ClockKind, until: &'a Until) -> Self {
+        let start = Instant::now();
+        let clock = SampleClock::start(kind);
+        Self { until, start, clock, last: 0, done: 0 }
+    }
+
+    /// Whether the test sends its first timed message.
+    fn goes_on(&self) -> bool {
+        !self.until.done(self.done, self.start)
+    }
+
+    /// Whether the test sends a message after the one now awaited.
+    fn goes_on_after_this(&self) -> bool {
+        !self.until.done(self.done + 1, self.start)
+    }
+
+    /// The first timed message is sent: its round trip starts now.
+    fn sent_first(&mut self) {
+        self.last = self.clock.now();
+    }
+
+    /// A reply came (and the next message, if any, is sent): one sample.
+    fn replied(&mut self, samples: &mut LatSamples, progress: &Progress) {
+        let now = self.clock.now();
+        samples.record(self.clock.between(self.last, now));
+        self.last = now;
+        self.done += 1;
+        if self.done % 256 == 0 {
+            progress.test_at(self.until.fraction(self.done, self.start));
+        }
+    }
+
+    /// Round trips timed, and how the clock ran.
+    fn finish(&self) -> (u64, Calibration) {
+        (self.done, self.clock.finish())
+    }
+}
 
 /// When a run ends: after a count, or after a duration (checked every 64
 /// messages, so the clock costs nothing per message).

@@ -32,8 +32,9 @@ pub(crate) fn drain(fd: RawFd) {
     unsafe { libc::read(fd, (&mut n as *mut u64).cast(), 8) };
 }
 
-/// Wait until `fd` is readable or `other` is (a [`Closing::fd`], say), at
-/// most `ms` milliseconds (negative: no limit). Returns whether `fd` is
+/// Wait until `fd` is readable or `other` is (the eventfd that `srq`'s
+/// async event reader is signalled on when a handler goes, say), at most
+/// `ms` milliseconds (negative: no limit). Returns whether `fd` is
 /// readable.
 pub(crate) fn poll_either(fd: RawFd, other: RawFd, ms: libc::c_int) -> io::Result<bool> {
     let mut fds = [

@@ -1,6 +1,6 @@
 //! Connecting without a waiting thread: a non-blocking `connect(2)` and the
 //! hello exchange as an engine task, by one deadline per address, whose
-//! connection is handed to the caller through a [`Completion`]. The
+//! connection is handed to the caller through a [`Completion`](zerocast_link::Completion). The
 //! `async` API connects this way; the blocking `connect` does the same
 //! steps on its own thread.
 

@@ -424,26 +424,61 @@ pub async fn receivers_share(t: AsyncTransport) {
 /// round; the test's timeout turns that into a failure.
 pub async fn bursts_while_rearming(t: AsyncTransport, rounds: u64) {
     let (client, server) = t.pair().await;
-    let echo = tokio::spawn(async move {
-        let mut seen = 0u64;
-        loop {
-            match server.recv().await {
-                Ok(m) => {
-                    assert_eq!(checksum::verify(&m), Ok(seen), "lost, duplicated or reordered");
-                    seen += 1;
-                    if m.len() % 2 == 1 {
-                        // The burst's last: ack it while the client drains.
-                        send_bytes(&server, &seen.to_le_bytes()).await;
+    bursts_on(client, server, rounds, 0).await;
+}
+
+/// [`bursts_while_rearming`] on `pairs` connected pairs at once, each in
+/// its own tasks: an engine's completion channel then announces many CQs,
+/// and a reader's look at it may find several armed, or one armed while
+/// another's event waits.
+pub async fn bursts_while_rearming_many(t: AsyncTransport, pairs: u64, rounds: u64) {
+    let mut all = Vec::new();
+    for _ in 0..pairs {
+        all.push(t.pair().await);
+    }
+    let runs: Vec<_> = all
+        .into_iter()
+        .enumerate()
+        .map(|(i, (client, server))| tokio::spawn(bursts_on(client, server, rounds, i as u64)))
+        .collect();
+    for run in runs {
+        run.await.expect("a pair's bursts");
+    }
+}
+
+/// The bursts of [`bursts_while_rearming`] from `client` to `server`'s
+/// echo; `pair` names the pair in a failure.
+async fn bursts_on(client: Connection, server: Connection, rounds: u64, pair: u64) {
+    let server = std::sync::Arc::new(server);
+    // What the echo is doing, for the report of a hang: messages seen, and
+    // whether it waits to receive (even) or sends an ack (odd).
+    let (seen_at, step_at) = (std::sync::Arc::new(AtomicU64::new(0)), std::sync::Arc::new(AtomicU64::new(0)));
+    let echo = tokio::spawn({
+        let (server, seen_at, step_at) = (server.clone(), seen_at.clone(), step_at.clone());
+        async move {
+            let mut seen = 0u64;
+            loop {
+                match server.recv().await {
+                    Ok(m) => {
+                        assert_eq!(checksum::verify(&m), Ok(seen), "lost, duplicated or reordered");
+                        seen += 1;
+                        seen_at.store(seen, Ordering::SeqCst);
+                        if m.len() % 2 == 1 {
+                            // The burst's last: ack it while the client drains.
+                            step_at.fetch_add(1, Ordering::SeqCst);
+                            send_bytes(&server, &seen.to_le_bytes()).await;
+                            step_at.fetch_add(1, Ordering::SeqCst);
+                        }
                     }
+                    Err(RecvError::Disconnected) => return seen,
+                    Err(e) => panic!("{e}"),
                 }
-                Err(RecvError::Disconnected) => return seen,
-                Err(e) => panic!("{e}"),
             }
         }
     });
     let mut seq = 0u64;
     for round in 0..rounds {
-        let burst = 1 + (round * 7 + round / 3) % 8;
+        let burst = 1 + (round * 7 + round / 3 + pair) % 8;
         for k in 0..burst {
             // Odd length marks the burst's last message.
             let last = k + 1 == burst;
@@ -453,10 +488,22 @@ pub async fn bursts_while_rearming(t: AsyncTransport, rounds: u64) {
             client.send(buf).await.expect("send");
             seq += 1;
         }
-        let ack = tokio::time::timeout(HANG, client.recv())
-            .await
-            .unwrap_or_else(|_| panic!("round {round}: no ack: a lost wake-up"))
-            .expect("ack");
+        let ack = match tokio::time::timeout(HANG, client.recv()).await {
+            Ok(ack) => ack.expect("ack"),
+            Err(_) => {
+                // Which side lost it: the echo's state, then each side's
+                // link as a look at its source finds it.
+                let (seen, step) = (seen_at.load(Ordering::SeqCst), step_at.load(Ordering::SeqCst));
+                let doing = if step % 2 == 1 { "sending an ack" } else { "receiving" };
+                panic!(
+                    "pair {pair}, round {round}: no ack: a lost wake-up; the echo saw {seen} of {seq} \
+                     and is {doing}; client {:?}; server {:?}; the client's next look: {:?}",
+                    client.stats(),
+                    server.stats(),
+                    client.try_recv().map(|m| m.len()),
+                );
+            }
+        };
         assert_eq!(u64::from_le_bytes(ack[..8].try_into().expect("8 bytes")), seq);
     }
     client.close();

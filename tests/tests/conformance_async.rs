@@ -62,6 +62,11 @@ macro_rules! conformance_async {
             }
 
             #[test]
+            fn bursts_while_rearming_4_pairs() {
+                AsyncTransport::run($uri, WINDOW, |t| async_suite::bursts_while_rearming_many(t, 4, 5_000));
+            }
+
+            #[test]
             fn cancelled_receives_lose_nothing() {
                 AsyncTransport::run($uri, WINDOW, |t| {
                     async_suite::cancelled_receives_lose_nothing(t, 20_000)

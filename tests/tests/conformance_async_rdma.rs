@@ -1,8 +1,9 @@
 //! The async conformance suite (`zerocast::tokio`) over `rc://` (rdma_cm)
 //! and `rc+oob://` (TCP side channel): the engines, their completion and
 //! rdma_cm event channels included, run as tasks of a two-worker runtime.
-//! The bursts test is the lost-wake-up check on RC: 10,000 bursts, each
-//! arriving as the receiving task re-arms the connection.
+//! The bursts tests are the lost-wake-up check on RC: 10,000 bursts, each
+//! arriving as the receiving task re-arms the connection; then 4 pairs at
+//! once, whose 8 CQs share the engine's completion channel.
 //!
 //! Every test needs a verbs device: ignored on a plain `cargo test`;
 //! `scripts/test` runs them inside the Soft-RoCE guest, serially.
@@ -88,6 +89,14 @@ macro_rules! conformance_async_rdma {
             fn bursts_while_rearming_10k() {
                 AsyncTransport::run_with(uri($scheme), cfg(), |t| {
                     async_suite::bursts_while_rearming(t, 10_000)
+                });
+            }
+
+            #[test]
+            #[ignore = "needs an RDMA device: scripts/test runs it inside the Soft-RoCE guest"]
+            fn bursts_while_rearming_4_pairs() {
+                AsyncTransport::run_with(uri($scheme), cfg(), |t| {
+                    async_suite::bursts_while_rearming_many(t, 4, 5_000)
                 });
             }
 
